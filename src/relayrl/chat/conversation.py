@@ -1,0 +1,96 @@
+"""The internal conversation model that all three wire formats parse into.
+
+OpenAI Chat Completions, OpenAI Responses and Anthropic Messages each convert to and from these
+records; nothing wire-specific passes that step. Records are frozen so they can be hashed and
+shared between the renderer, the session tree and the durable log.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call written by the model."""
+
+    id: str
+    name: str
+    arguments: str
+    """The arguments as a JSON text (as OpenAI sends them); may be invalid JSON if the model erred."""
+
+    def arguments_obj(self) -> Any:
+        """The arguments parsed from JSON, or the raw text when they are not valid JSON."""
+        try:
+            return json.loads(self.arguments)
+        except (json.JSONDecodeError, TypeError):
+            return self.arguments
+
+
+@dataclass(frozen=True)
+class Message:
+    """One turn of a conversation."""
+
+    role: Role
+    content: str = ""
+    reasoning: str | None = None
+    """Reasoning text (`<think>` block, `reasoning_content`, thinking blocks), kept apart from content."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    """For `role == "tool"`: the id of the call this message answers."""
+    name: str | None = None
+    """For `role == "tool"`: the tool's name, when the wire format gives it."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    """JSON schema of the arguments."""
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.description, json.dumps(self.parameters, sort_keys=True)))
+
+
+ToolChoice = Literal["auto", "none", "required"] | str
+"""`auto`, `none`, `required`, or the name of one function the model must call."""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """Messages plus everything that changes how they are rendered into a prompt."""
+
+    messages: tuple[Message, ...]
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = "auto"
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra variables for the chat template (`chat_template_kwargs`), e.g. `enable_thinking`."""
+
+    def __hash__(self) -> int:
+        return hash((self.messages, self.tools, self.tool_choice,
+                     json.dumps(self.template_kwargs, sort_keys=True, default=str)))
+
+    def rendered_tools(self) -> tuple[Tool, ...]:
+        """Tools the template should show: none when `tool_choice == "none"`."""
+        return () if self.tool_choice == "none" else self.tools
+
+
+@dataclass(frozen=True)
+class ParsedReply:
+    """What the parsers make of a model's output text."""
+
+    content: str
+    reasoning: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+
+    def to_message(self) -> Message:
+        """The reply as an assistant message, to append to the conversation."""
+        return Message(role="assistant", content=self.content, reasoning=self.reasoning,
+                       tool_calls=self.tool_calls)

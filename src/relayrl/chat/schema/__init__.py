@@ -1,0 +1,1 @@
+"""relayrl.chat.schema."""

@@ -1,0 +1,1 @@
+"""relayrl.train."""
