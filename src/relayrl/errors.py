@@ -11,7 +11,8 @@
     ├── ModelError (RuntimeError)                 a model cannot be provisioned or loaded
     │   └── ChecksumMismatch                      packaged weights do not match their sha256
     ├── ConfigError (ValueError)                  bad config key or value
-    └── EngineError (RuntimeError)           503  the engine failed or is shut down
+    ├── EngineError (RuntimeError)           503  the engine failed or is shut down
+    └── EpisodeFailed (RuntimeError)              an agent, its reward or its subprocess failed
 
 Every class keeps the default `__init__` so instances pickle (subprocess workflows need that).
 """
@@ -91,3 +92,7 @@ class EngineError(RelayError, RuntimeError):
 
     status_code = 503
     error_type = "api_error"
+
+
+class EpisodeFailed(RelayError, RuntimeError):
+    """An episode's own code failed (agent, reward function, subprocess): it is aborted."""

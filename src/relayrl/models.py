@@ -193,3 +193,17 @@ def _convert_gguf(model: PackagedModel, gguf: Path, out: Path) -> None:
             importlib.resources.files("relayrl") / "templates" / model.chat_template
         ).read_text()
     tokenizer.save_pretrained(out)
+    save_loaded_tokenizer_json(out)
+
+
+def save_loaded_tokenizer_json(folder: Path) -> None:
+    """Rewrite `tokenizer.json` as transformers builds it when loading `folder`.
+
+    Some tokenizer classes rebuild their pipeline on load (transformers 5's Qwen2Tokenizer adds
+    the NFC normalizer that a GGUF-derived tokenizer.json lacks); the torch-free renderer reads
+    tokenizer.json directly, so the file must hold what transformers actually uses.
+    """
+    from transformers import AutoTokenizer
+
+    loaded = AutoTokenizer.from_pretrained(str(folder))
+    loaded.backend_tokenizer.save(str(Path(folder) / "tokenizer.json"))

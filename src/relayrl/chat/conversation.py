@@ -94,3 +94,36 @@ class ParsedReply:
         """The reply as an assistant message, to append to the conversation."""
         return Message(role="assistant", content=self.content, reasoning=self.reasoning,
                        tool_calls=self.tool_calls)
+
+
+@dataclass(frozen=True)
+class ContentDelta:
+    """Streamed visible text."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """Streamed reasoning text (inside `<think>`)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """Streamed part of a tool call.
+
+    The first delta of a call carries `id` and `name` (and usually all of `arguments`, since a call
+    is emitted once the parser recognizes it); later deltas of the same `index` carry only
+    `arguments` text to append.
+    """
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+
+
+ReplyDelta = ContentDelta | ReasoningDelta | ToolCallDelta
+"""One streamed piece of an assistant reply, in the order the model wrote it."""

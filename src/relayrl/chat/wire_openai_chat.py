@@ -1,0 +1,549 @@
+"""OpenAI Chat Completions on the wire: request → `CompletionRequest`, `Completion` → JSON, SSE.
+
+Pure functions and one stream encoder; no FastAPI, no engine. A field that would change sampling
+and that we cannot honour (penalties, logit bias, JSON mode, audio, ...) is a 400 naming the
+field, never a silent drop; harmless unknown fields are accepted (the gateway logs them once).
+Reasoning goes out as `reasoning_content` (the name DeepSeek, SGLang and the openai-agents SDK
+read) and comes back in as either `reasoning_content` or `reasoning`.
+
+This module also holds the small helpers the Responses module shares with it (SSE framing, the
+sampling checks, the OpenAI error body), since both speak OpenAI's conventions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from relayrl.chat.completion import (
+    Choice,
+    Completion,
+    CompletionRequest,
+    ReplyFinish,
+    TokenLogprob,
+)
+from relayrl.chat.conversation import (
+    ContentDelta,
+    Conversation,
+    Message,
+    ParsedReply,
+    ReasoningDelta,
+    ReplyDelta,
+    Tool,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+)
+from relayrl.chat.schema.openai_chat import (
+    ChatCompletionRequest,
+    ChatMessage,
+    ContentPart,
+    NamedToolChoice,
+    ToolCallSpec,
+    ToolSpec,
+)
+from relayrl.errors import ContextLengthExceeded, InvalidRequest, RelayError
+from relayrl.types import SamplingParams
+
+DEFAULT_MAX_TOKENS = 1024
+"""Sampled-token budget when a request names none; the gateway may clamp it to the context."""
+MAX_N = 16
+"""Most choices one request may ask for."""
+MAX_STOP = 4
+"""Most stop strings, as OpenAI allows."""
+MAX_TOP_LOGPROBS = 20
+REASONING_FIELD = "reasoning_content"
+"""Name of the reasoning field we emit on assistant messages and deltas."""
+PART_SEPARATOR = "\n"
+"""Joins the text parts of one list-valued content (as vLLM does)."""
+ID_PREFIX = "chatcmpl-"
+
+M = TypeVar("M", bound=BaseModel)
+
+FINISH_REASONS: dict[ReplyFinish, str] = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "abort": "length",  # no "aborted" on this wire: the reply was cut short, as with length
+}
+
+# vLLM/SGLang sampling extensions we do not implement, with the value that means "off".
+_UNHONOURED_EXTENSIONS: dict[str, Any] = {
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "min_tokens": 0,
+    "ignore_eos": False,
+    "use_beam_search": False,
+    "length_penalty": 1.0,
+    "best_of": 1,
+    "guided_json": None,
+    "guided_regex": None,
+    "guided_choice": None,
+    "guided_grammar": None,
+    "structured_outputs": None,
+    "bad_words": None,
+    "allowed_token_ids": None,
+    "logits_processors": None,
+}
+
+
+# ---------------------------------------------------------------- shared helpers
+
+
+def invalid(message: str, param: str | None = None) -> InvalidRequest:
+    """An `InvalidRequest` carrying the offending field in `.param` (OpenAI's `error.param`)."""
+    exc = InvalidRequest(message)
+    exc.param = param  # type: ignore[attr-defined]  # kept in __dict__, so it still pickles
+    return exc
+
+
+def parse_model(model: type[M], raw: Any) -> M:
+    """Validate a JSON body against a wire schema; a validation error becomes a 400."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or None
+        raise invalid(f"{where or 'body'}: {err['msg']}", where) from None
+
+
+def sse(payload: Mapping[str, Any], event: str | None = None) -> str:
+    """One server-sent-event frame (`event:` line only when named)."""
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {event}\ndata: {data}\n\n" if event else f"data: {data}\n\n"
+
+
+def check_extensions(extra: Mapping[str, Any]) -> None:
+    """Refuse a known sampling extension that is set to anything but its neutral value."""
+    for name, neutral in _UNHONOURED_EXTENSIONS.items():
+        v = extra.get(name)
+        if v is not None and v != neutral and v != [] and v != {}:
+            raise invalid(f"{name} is not supported by this server", name)
+
+
+def sampling_params(*, max_tokens: int | None, temperature: float | None, top_p: float | None,
+                    top_k: int | None, stop: Sequence[str], seed: int | None, top_logprobs: int,
+                    max_temperature: float = 2.0, names: Mapping[str, str] | None = None,
+                    ) -> SamplingParams:
+    """Check ranges and build `SamplingParams`; `names` maps our names to the wire's for errors."""
+    n = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
+         "top_k": "top_k", **(names or {})}
+    mt = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    if mt < 1:
+        raise invalid(f"{n['max_tokens']} must be at least 1, got {mt}", n["max_tokens"])
+    t = 1.0 if temperature is None else temperature
+    if not 0.0 <= t <= max_temperature:
+        raise invalid(f"temperature must be in [0, {max_temperature:g}], got {t}", n["temperature"])
+    p = 1.0 if top_p is None else top_p
+    if not 0.0 < p <= 1.0:
+        raise invalid(f"top_p must be in (0, 1], got {p}", n["top_p"])
+    k = 0 if top_k is None or top_k == -1 else top_k
+    if k < 0:
+        raise invalid(f"top_k must be -1, 0 (off) or positive, got {k}", n["top_k"])
+    return SamplingParams(max_new_tokens=mt, temperature=t, top_p=p, top_k=k,
+                          stop=tuple(s for s in stop if s), seed=seed, top_logprobs=top_logprobs)
+
+
+def check_tools(tools: Sequence[Tool], param: str = "tools") -> None:
+    """Tool names must be non-empty and unique (a template cannot tell two `f`s apart)."""
+    seen: set[str] = set()
+    for i, t in enumerate(tools):
+        if not t.name:
+            raise invalid("a tool needs a name", f"{param}[{i}]")
+        if t.name in seen:
+            raise invalid(f"two tools are named {t.name!r}", f"{param}[{i}]")
+        seen.add(t.name)
+
+
+def check_tool_choice(choice: ToolChoice, tools: Sequence[Tool], param: str = "tool_choice") -> None:
+    """A demanded or named call needs tools, and a named one must be among them."""
+    if choice in ("auto", "none"):
+        return
+    if not tools:
+        raise invalid(f"tool_choice {choice!r} needs tools, and the request lists none", param)
+    if choice != "required" and choice not in {t.name for t in tools}:
+        raise invalid(f"tool_choice names {choice!r}, which is not among the tools", param)
+
+
+def check_parallel(parallel: bool | None, tools: Sequence[Tool], choice: ToolChoice,
+                   param: str = "parallel_tool_calls") -> None:
+    """We cannot stop a model from writing two calls: refuse a request that forbids it."""
+    if parallel is False and tools and choice != "none":
+        raise invalid("parallel_tool_calls=false is not supported: the model may write several "
+                      "calls in one turn and we do not constrain decoding", param)
+
+
+def with_prefix(id_: str, prefix: str) -> str:
+    """`id_` with the wire's id prefix, added only once."""
+    return id_ if id_.startswith(prefix) else prefix + id_
+
+
+_ERROR_CODES: dict[type[BaseException], str] = {ContextLengthExceeded: "context_length_exceeded"}
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    """OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`."""
+    code = next((c for k, c in _ERROR_CODES.items() if isinstance(exc, k)), None)
+    return {"error": {
+        "message": str(exc) or type(exc).__name__,
+        "type": exc.error_type if isinstance(exc, RelayError) else "api_error",
+        "param": getattr(exc, "param", None),
+        "code": code,
+    }}
+
+
+def token_bytes(token: str) -> list[int]:
+    """UTF-8 bytes of a token string, as OpenAI's logprobs show them."""
+    return list(token.encode("utf-8"))
+
+
+def logprob_entries(lps: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    """`logprobs.content` entries: token, logprob, bytes and the top alternatives."""
+    return [{
+        "token": lp.token,
+        "logprob": lp.logprob,
+        "bytes": token_bytes(lp.token),
+        "top_logprobs": [{"token": t, "logprob": v, "bytes": token_bytes(t)} for t, v in lp.top],
+    } for lp in lps]
+
+
+def join_text(parts: Sequence[str]) -> str:
+    """Join the text parts of one message."""
+    return PART_SEPARATOR.join(parts)
+
+
+# ---------------------------------------------------------------- request
+
+
+def parse_body(raw: Any) -> ChatCompletionRequest:
+    """Validate a JSON body as a Chat Completions request (a 400 when it is malformed)."""
+    return parse_model(ChatCompletionRequest, raw)
+
+
+def to_request(body: ChatCompletionRequest) -> CompletionRequest:
+    """Convert a Chat Completions request into the wire-neutral `CompletionRequest`."""
+    _refuse_unhonoured(body)
+    check_extensions(body.model_extra or {})
+    tools = _tools(body.tools)
+    tools, choice = _tool_choice(body.tool_choice, tools)
+    check_tool_choice(choice, tools)
+    check_parallel(body.parallel_tool_calls, tools, choice)
+    kwargs = dict(body.chat_template_kwargs or {})
+    if body.reasoning_effort is not None:
+        # templates that know it (gpt-oss) render it; the others ignore it, as in vLLM
+        kwargs.setdefault("reasoning_effort", body.reasoning_effort)
+    conv = Conversation(messages=_messages(body.messages), tools=tools, tool_choice=choice,
+                        template_kwargs=kwargs)
+    logprobs, top = _logprobs(body)
+    n = 1 if body.n is None else body.n
+    if not 1 <= n <= MAX_N:
+        raise invalid(f"n must be in [1, {MAX_N}], got {n}", "n")
+    meta: dict[str, Any] = {"wire": "openai.chat"}
+    if body.metadata:
+        meta["metadata"] = body.metadata
+    if body.user:
+        meta["user"] = body.user
+    return CompletionRequest(
+        conversation=conv,
+        params=sampling_params(max_tokens=_max_tokens(body), temperature=body.temperature,
+                               top_p=body.top_p, top_k=body.top_k, stop=_stop(body.stop),
+                               seed=body.seed, top_logprobs=top),
+        model=body.model,
+        n=n,
+        stream=bool(body.stream),
+        logprobs=logprobs,
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        metadata=meta,
+    )
+
+
+def _refuse_unhonoured(body: ChatCompletionRequest) -> None:
+    if body.frequency_penalty:
+        raise invalid("frequency_penalty is not supported (only 0)", "frequency_penalty")
+    if body.presence_penalty:
+        raise invalid("presence_penalty is not supported (only 0)", "presence_penalty")
+    if body.logit_bias:
+        raise invalid("logit_bias is not supported", "logit_bias")
+    if body.response_format is not None and body.response_format.type != "text":
+        raise invalid(f"response_format {body.response_format.type!r} is not supported: we do "
+                      "not constrain decoding (only 'text')", "response_format")
+    if body.audio is not None or any(m != "text" for m in body.modalities or ()):
+        raise invalid("audio output is not supported (modalities: text only)", "modalities")
+    if body.functions or body.function_call is not None:
+        raise invalid("functions/function_call are deprecated and not supported: use tools",
+                      "functions" if body.functions else "function_call")
+    if body.web_search_options is not None:
+        raise invalid("web_search_options is not supported", "web_search_options")
+
+
+def _max_tokens(body: ChatCompletionRequest) -> int | None:
+    a, b = body.max_completion_tokens, body.max_tokens
+    if a is not None and b is not None and a != b:
+        raise invalid(f"max_completion_tokens ({a}) and max_tokens ({b}) disagree; send one",
+                      "max_tokens")
+    return a if a is not None else b
+
+
+def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if len(stops) > MAX_STOP:
+        raise invalid(f"at most {MAX_STOP} stop sequences, got {len(stops)}", "stop")
+    return stops
+
+
+def _logprobs(body: ChatCompletionRequest) -> tuple[bool, int]:
+    on = bool(body.logprobs)
+    top = body.top_logprobs or 0
+    if top and not on:
+        raise invalid("top_logprobs needs logprobs=true", "top_logprobs")
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise invalid(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}",
+                      "top_logprobs")
+    return on, top
+
+
+def _tools(specs: list[ToolSpec] | None) -> tuple[Tool, ...]:
+    tools = []
+    for i, s in enumerate(specs or ()):
+        if s.type != "function" or s.function is None:
+            raise invalid(f"tool type {s.type!r} is not supported (function tools only)",
+                          f"tools[{i}]")
+        f = s.function
+        tools.append(Tool(name=f.name, description=f.description or "",
+                          parameters=f.parameters or {}))
+    check_tools(tools)
+    return tuple(tools)
+
+
+def _tool_choice(tc: str | NamedToolChoice | None,
+                 tools: tuple[Tool, ...]) -> tuple[tuple[Tool, ...], ToolChoice]:
+    """The tools to render and the choice; `allowed_tools` narrows the rendered tools."""
+    if tc is None or isinstance(tc, str):
+        return tools, tc or "auto"
+    if tc.type == "function" and tc.function is not None:
+        return tools, tc.function.name
+    if tc.type == "allowed_tools" and tc.allowed_tools is not None:
+        mode = tc.allowed_tools.get("mode", "auto")
+        names = {(t.get("function") or {}).get("name") for t in tc.allowed_tools.get("tools", ())}
+        unknown = names - {t.name for t in tools}
+        if mode not in ("auto", "required") or unknown:
+            raise invalid(f"allowed_tools must name listed tools with mode auto|required "
+                          f"(unknown: {sorted(map(str, unknown))})", "tool_choice")
+        return tuple(t for t in tools if t.name in names), mode
+    raise invalid(f"tool_choice type {tc.type!r} is not supported", "tool_choice")
+
+
+def _messages(msgs: list[ChatMessage]) -> tuple[Message, ...]:
+    if not msgs:
+        raise invalid("messages must not be empty", "messages")
+    names: dict[str, str] = {}  # tool_call_id -> function name, for tool messages
+    return tuple(_message(m, f"messages[{i}]", names) for i, m in enumerate(msgs))
+
+
+def _message(m: ChatMessage, where: str, names: dict[str, str]) -> Message:
+    if m.role in ("system", "developer"):
+        return Message(role="system", content=_text(m.content, where))
+    if m.role == "user":
+        return Message(role="user", content=_text(m.content, where))
+    if m.role == "tool":
+        if not m.tool_call_id:
+            raise invalid("a tool message needs tool_call_id", f"{where}.tool_call_id")
+        return Message(role="tool", content=_text(m.content, where), tool_call_id=m.tool_call_id,
+                       name=m.name or names.get(m.tool_call_id))
+    if m.role == "function":
+        raise invalid("role 'function' is deprecated and not supported: use role 'tool'",
+                      f"{where}.role")
+    if m.function_call is not None:
+        raise invalid("function_call is deprecated and not supported: use tool_calls",
+                      f"{where}.function_call")
+    if m.audio is not None:
+        raise invalid("assistant audio is not supported", f"{where}.audio")
+    calls = tuple(_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(m.tool_calls or ()))
+    names.update((c.id, c.name) for c in calls)
+    content = _text(m.content, where) or (m.refusal or "")
+    reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+    return Message(role="assistant", content=content, reasoning=reasoning, tool_calls=calls)
+
+
+def _text(content: str | list[ContentPart] | None, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for j, p in enumerate(content):
+        if p.type == "text" and p.text is not None:
+            texts.append(p.text)
+        elif p.type == "refusal" and p.refusal is not None:
+            texts.append(p.refusal)
+        else:
+            raise invalid(f"content part type {p.type!r} is not supported (text only)",
+                          f"{where}.content[{j}]")
+    return join_text(texts)
+
+
+def _tool_call(c: ToolCallSpec, where: str) -> ToolCall:
+    if c.type not in (None, "function") or c.function is None:
+        raise invalid(f"tool call type {c.type!r} is not supported (function only)", where)
+    args = c.function.arguments
+    if not isinstance(args, str):
+        args = json.dumps(args, ensure_ascii=False)
+    return ToolCall(id=c.id, name=c.function.name, arguments=args)
+
+
+# ---------------------------------------------------------------- response
+
+
+def render_completion(c: Completion, request: CompletionRequest | None = None) -> dict[str, Any]:
+    """The `chat.completion` JSON object of a finished call (`request` is unused here)."""
+    return {
+        "id": with_prefix(c.id, ID_PREFIX),
+        "object": "chat.completion",
+        "created": c.created,
+        "model": c.model,
+        "choices": [_choice(ch) for ch in c.choices],
+        "usage": usage(c.prompt_tokens, c.completion_tokens),
+        "system_fingerprint": None,
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """The `usage` object."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _choice(ch: Choice) -> dict[str, Any]:
+    lps = None if ch.logprobs is None else {"content": logprob_entries(ch.logprobs),
+                                            "refusal": None}
+    return {"index": ch.index, "message": assistant_message(ch.reply), "logprobs": lps,
+            "finish_reason": FINISH_REASONS[ch.finish_reason],
+            "interaction_id": ch.interaction_id}  # extension: what set_reward takes
+
+
+def assistant_message(r: ParsedReply) -> dict[str, Any]:
+    """The assistant `message` of a choice (content is null when the reply is only tool calls)."""
+    msg: dict[str, Any] = {"role": "assistant",
+                           "content": r.content if r.content or not r.tool_calls else None,
+                           "refusal": None}
+    if r.reasoning:
+        msg[REASONING_FIELD] = r.reasoning
+    if r.tool_calls:
+        msg["tool_calls"] = [{"id": t.id, "type": "function",
+                              "function": {"name": t.name, "arguments": t.arguments}}
+                             for t in r.tool_calls]
+    return msg
+
+
+# ---------------------------------------------------------------- streaming
+
+
+class StreamEncoder:
+    """Turns reply deltas into `chat.completion.chunk` SSE frames, ending with `data: [DONE]`.
+
+    Call order: `start`, any number of `delta` (choices interleaved freely), one `finish` per
+    choice, then `end`. Each returns ready frames. `error` replaces the rest of the stream.
+    """
+
+    def __init__(self, completion_id: str, model: str, created: int, *, n: int = 1,
+                 include_usage: bool = False, logprobs: bool = False,
+                 request: CompletionRequest | None = None) -> None:
+        self.id = with_prefix(completion_id, ID_PREFIX)
+        self.model, self.created, self.n = model, created, n
+        self.include_usage, self.logprobs = include_usage, logprobs
+        self._spoke = [False] * n  # a choice sent content or a tool call
+        del request  # one constructor for all three encoders; Chat Completions echoes nothing
+
+    @classmethod
+    def for_request(cls, req: CompletionRequest, completion_id: str,
+                    created: int) -> StreamEncoder:
+        """An encoder configured from a parsed request."""
+        return cls(completion_id, req.model, created, n=req.n, include_usage=req.include_usage,
+                   logprobs=req.logprobs, request=req)
+
+    def start(self, prompt_tokens: int = 0) -> list[str]:
+        """One role chunk per choice, in index order (the SDK's accumulator needs that order)."""
+        return [self._chunk(i, {"role": "assistant"}) for i in range(self.n)]
+
+    def delta(self, index: int, d: ReplyDelta | None,
+              logprobs: Sequence[TokenLogprob] | None = None) -> list[str]:
+        """Frames for one reply delta (or only logprobs, when `d` is None)."""
+        body: dict[str, Any] = {}
+        if isinstance(d, ContentDelta) and d.text:
+            body["content"] = d.text
+        elif isinstance(d, ReasoningDelta) and d.text:
+            body[REASONING_FIELD] = d.text
+        elif isinstance(d, ToolCallDelta):
+            body["tool_calls"] = [_tool_call_delta(d)]
+        if "content" in body or "tool_calls" in body:
+            self._spoke[index] = True
+        lps = logprob_entries(logprobs) if logprobs and self.logprobs else None
+        if not body and not lps:
+            return []
+        return [self._chunk(index, body, logprobs=lps)]
+
+    def finish(self, index: int, finish_reason: ReplyFinish, interaction_id: str,
+               stop_sequence: str | None = None) -> list[str]:
+        """The chunk that ends choice `index`, carrying its finish reason and interaction id."""
+        # an empty reply still gets content "", as the non-streamed message has
+        body: dict[str, Any] = {} if self._spoke[index] else {"content": ""}
+        return [self._chunk(index, body, finish=FINISH_REASONS[finish_reason],
+                            interaction_id=interaction_id)]
+
+    def end(self, prompt_tokens: int, completion_tokens: int) -> list[str]:
+        """The usage chunk (when asked for) and `[DONE]`."""
+        frames = []
+        if self.include_usage:
+            frames.append(sse({**self._head(), "choices": [],
+                               "usage": usage(prompt_tokens, completion_tokens)}))
+        return [*frames, "data: [DONE]\n\n"]
+
+    def error(self, exc: BaseException) -> list[str]:
+        """A mid-stream error frame (the openai SDK raises `APIError` on it)."""
+        return [sse(error_body(exc))]
+
+    def keepalive(self) -> list[str]:
+        """An SSE comment: keeps proxies from closing an idle stream, ignored by clients."""
+        return [": keepalive\n\n"]
+
+    def _head(self) -> dict[str, Any]:
+        head: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk",
+                                "created": self.created, "model": self.model,
+                                "system_fingerprint": None}
+        if self.include_usage:
+            head["usage"] = None
+        return head
+
+    def _chunk(self, index: int, delta: dict[str, Any], *, finish: str | None = None,
+               logprobs: list[dict[str, Any]] | None = None,
+               interaction_id: str | None = None) -> str:
+        choice: dict[str, Any] = {
+            "index": index, "delta": delta,
+            "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
+            "finish_reason": finish,
+        }
+        if interaction_id is not None:
+            choice["interaction_id"] = interaction_id  # extension: what set_reward takes
+        return sse({**self._head(), "choices": [choice]})
+
+
+def _tool_call_delta(d: ToolCallDelta) -> dict[str, Any]:
+    if d.id is None:
+        return {"index": d.index, "function": {"arguments": d.arguments}}
+    return {"index": d.index, "id": d.id, "type": "function",
+            "function": {"name": d.name or "", "arguments": d.arguments}}
+
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "FINISH_REASONS",
+    "MAX_N",
+    "REASONING_FIELD",
+    "StreamEncoder",
+    "assistant_message",
+    "error_body",
+    "parse_body",
+    "render_completion",
+    "to_request",
+]

@@ -1,0 +1,83 @@
+"""The `relayrl` command: models, gateway (and, later, train and chat).
+
+Subcommands import what they need when they run, so `relayrl --help` and `relayrl gateway` start
+without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from relayrl.errors import RelayError
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from relayrl.models import DEFAULT_MODEL, PACKAGED_MODELS, is_provisioned, model_path
+
+    if args.action == "path":
+        if not args.name:
+            print("usage: relayrl models path NAME", file=sys.stderr)
+            return 2
+        print(model_path(args.name))
+        return 0
+    for m in PACKAGED_MODELS.values():
+        flags = " (default)" if m.name == DEFAULT_MODEL else ""
+        state = "provisioned" if is_provisioned(m) else "not provisioned"
+        print(f"{m.name}{flags}\t{state}\t{m.description}\tpip: {' '.join(m.pip_names)}")
+    return 0
+
+
+def _cmd_gateway(args: argparse.Namespace) -> int:
+    from relayrl.gateway.server import GatewayConfig, serve
+
+    config = GatewayConfig(
+        model=args.model,
+        engine=args.engine,
+        host=args.host,
+        port=args.port,
+        admin_key=args.admin_key,
+        log_path=args.log,
+        session_ttl_s=args.session_ttl,
+    )
+    serve(config)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `relayrl` command."""
+    parser = argparse.ArgumentParser(prog="relayrl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    models = sub.add_parser("models", help="list packaged models, or print a model's local directory")
+    models.add_argument("action", nargs="?", choices=["list", "path"], default="list")
+    models.add_argument("name", nargs="?", help="packaged name, local HF directory or hub id")
+    models.set_defaults(func=_cmd_models)
+
+    gw = sub.add_parser("gateway", help="serve the policy over OpenAI/Anthropic APIs and record every call")
+    gw.add_argument("--model", default="smollm2-135m-instruct", help="packaged name, HF dir or hub id")
+    gw.add_argument("--engine", choices=["local", "fake"], default="local")
+    gw.add_argument("--host", default="127.0.0.1")
+    gw.add_argument("--port", type=int, default=8000)
+    gw.add_argument("--admin-key", default=None, help="key for admin routes (required off loopback)")
+    gw.add_argument("--log", default=None, help="SQLite log of every call (recovered on restart)")
+    gw.add_argument("--session-ttl", type=float, default=3600.0, help="idle seconds before a session is aborted")
+    gw.set_defaults(func=_cmd_gateway)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `relayrl` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except RelayError as e:
+        print(f"relayrl: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""`DirectClient`: a real `openai.AsyncOpenAI` wired to a gateway app in this process.
+
+For agents that accept a client object (seed 000's "direct approach"): no network, no port, yet
+every call goes through the same routes, renderer and session as over HTTP. The OpenAI client is
+wrapped, not subclassed; attribute access (`.chat`, `.responses`, `.models`) is delegated to it.
+Tradeoff: the ASGI transport buffers each response, so a streamed reply arrives all at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import httpx
+import httpx2
+
+from relayrl.client.session_client import SessionClient, SessionHandle
+from relayrl.errors import SessionClosed
+
+_BASE = "http://relayrl.direct"
+
+
+class DirectClient:
+    """An OpenAI client bound to one session of an in-process gateway app."""
+
+    def __init__(self, app: Any, session: SessionHandle, admin: SessionClient) -> None:
+        from openai import AsyncOpenAI
+
+        self.app = app
+        self.session = session
+        self._admin = admin
+        self._http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url=_BASE,
+                                       timeout=None)
+        self.openai = AsyncOpenAI(base_url=f"{_BASE}/v1", api_key=session.api_key,
+                                  http_client=self._http, max_retries=0)
+
+    @classmethod
+    async def open(cls, app: Any, task_id: str | None = None,
+                   metadata: dict[str, Any] | None = None) -> DirectClient:
+        """Start a session on `app` and return a client bound to it."""
+        admin_key = app.state.deps.config.admin_key
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=_BASE)
+        admin = SessionClient(_BASE, admin_key=admin_key, http_client=http)
+        session = await admin.start_session(task_id=task_id, metadata=metadata)
+        return cls(app, session, admin)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.openai, name)
+
+    async def set_reward(self, interaction_id: str, reward: float) -> None:
+        """Reward one call by its id (the `id` of the completion/response/message)."""
+        await self._admin.set_reward(self.session, reward, interaction_id)
+
+    async def set_last_reward(self, reward: float) -> None:
+        """Reward the session's last call."""
+        await self._admin.set_reward(self.session, reward)
+
+    async def export_interactions(self, style: str = "individual", discount: float = 1.0,
+                                  credit: str = "discount") -> list[dict[str, Any]]:
+        """End the session and return its rows (idempotent until acknowledged)."""
+        with contextlib.suppress(SessionClosed):  # already ended is fine
+            await self._admin.end_session(self.session)
+        return await self._admin.export(self.session.session_id, style=style, credit=credit,
+                                        discount=discount)
+
+    async def aclose(self) -> None:
+        """Close the HTTP clients."""
+        await self.openai.close()
+        await self._admin.http.aclose()
+
+    async def __aenter__(self) -> DirectClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

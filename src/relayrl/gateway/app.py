@@ -1,0 +1,213 @@
+"""The gateway's FastAPI app: three wire formats onto one completion path, plus the RL routes.
+
+`create_app(deps)` keeps all state on `app.state.deps`; routes are module-level functions. Errors
+raised anywhere below become the calling protocol's own JSON error body in one place
+(`_relay_error`), so a client mistake is never a 500 and never a stack trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from relayrl.chat import wire_anthropic, wire_openai_chat, wire_openai_responses
+from relayrl.chat.completion import CompletionRequest
+from relayrl.errors import InvalidRequest, PayloadTooLarge, RelayError, SessionClosed
+from relayrl.gateway import routes_rl
+from relayrl.gateway.auth import calling_session
+from relayrl.gateway.core import (
+    GatewayDeps,
+    PreparedCall,
+    StreamFinish,
+    complete,
+    complete_stream,
+    prepare,
+)
+from relayrl.trajectory import Session
+
+log = logging.getLogger("relayrl.gateway")
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    """One front door: a `relayrl.chat.wire_*` module (parse, convert, render, stream, errors)."""
+
+    name: str
+    module: ModuleType
+
+
+OPENAI_CHAT = WireFormat("openai-chat", wire_openai_chat)
+OPENAI_RESPONSES = WireFormat("openai-responses", wire_openai_responses)
+ANTHROPIC = WireFormat("anthropic-messages", wire_anthropic)
+
+
+def _deps(request: Request) -> GatewayDeps:
+    return request.app.state.deps
+
+
+async def read_json(request: Request) -> Any:
+    """The request body as JSON, refusing oversized or malformed bodies with a 4xx."""
+    limit = _deps(request).config.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}")
+    raw = await request.body()
+    if len(raw) > limit:
+        raise PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {limit}")
+    try:
+        return json.loads(raw) if raw else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidRequest(f"request body is not valid JSON: {e}") from None
+
+
+def _parse(deps: GatewayDeps, wire: WireFormat, body: Any) -> CompletionRequest:
+    model = wire.module.parse_body(body)
+    extra = set(model.extra_fields()) - deps.warned_fields
+    if extra:
+        deps.warned_fields.update(extra)
+        log.info("ignoring unknown %s request fields: %s", wire.name, ", ".join(sorted(extra)))
+    return wire.module.to_request(model)
+
+
+async def serve_completion(request: Request, wire: WireFormat, session_id: str | None) -> Any:
+    """Parse a call in `wire` format, run it, and answer in the same format."""
+    request.state.wire = wire
+    deps = _deps(request)
+    body = await read_json(request)
+    session = calling_session(deps, request, session_id)
+    req = _parse(deps, wire, body)
+    if session is not None:
+        session_open(deps, session)
+    if req.n > deps.config.max_n:
+        raise InvalidRequest(f"n={req.n} is more than this gateway serves ({deps.config.max_n})")
+    if not req.stream:
+        completion = await complete(deps, session, req)
+        return JSONResponse(wire.module.render_completion(completion, req))
+    call = prepare(deps, session, req)
+    return StreamingResponse(_sse(deps, wire, session, call), media_type="text/event-stream",
+                             headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+
+def session_open(deps: GatewayDeps, session: Session) -> None:
+    """Raise 409 unless the session still takes calls; mark it active."""
+    if not session.is_open:
+        raise SessionClosed(f"session {session.id} is {session.state}; it takes no more calls")
+
+
+async def _sse(deps: GatewayDeps, wire: WireFormat, session: Session | None,
+               call: PreparedCall) -> AsyncIterator[str]:
+    req = call.request
+    enc = wire.module.StreamEncoder.for_request(req, uuid.uuid4().hex, int(time.time()))
+    prompt_tokens = len(call.prompt_ids)
+    completion_tokens = 0
+    yield "".join(enc.start(prompt_tokens=prompt_tokens))
+    try:
+        async for ev in complete_stream(deps, session, call):
+            if isinstance(ev, StreamFinish):
+                completion_tokens += ev.output_tokens
+                yield "".join(enc.finish(ev.index, ev.finish_reason, ev.interaction_id,
+                                         stop_sequence=ev.stop_sequence))
+                continue
+            frames: list[str] = []
+            last = len(ev.deltas) - 1
+            for i, d in enumerate(ev.deltas):
+                frames += enc.delta(ev.index, d, ev.logprobs if i == last else None)
+            if not ev.deltas and ev.logprobs:
+                frames += enc.delta(ev.index, None, ev.logprobs)
+            if frames:
+                yield "".join(frames)
+    except RelayError as e:
+        yield "".join(enc.error(e))
+        return
+    yield "".join(enc.end(prompt_tokens, completion_tokens))
+
+
+async def chat_completions(request: Request, session_id: str | None = None) -> Any:
+    """OpenAI Chat Completions."""
+    return await serve_completion(request, OPENAI_CHAT, session_id)
+
+
+async def responses(request: Request, session_id: str | None = None) -> Any:
+    """OpenAI Responses."""
+    return await serve_completion(request, OPENAI_RESPONSES, session_id)
+
+
+async def messages(request: Request, session_id: str | None = None) -> Any:
+    """Anthropic Messages."""
+    return await serve_completion(request, ANTHROPIC, session_id)
+
+
+async def list_models(request: Request, session_id: str | None = None) -> dict[str, Any]:
+    """OpenAI-style model list: the policy being served."""
+    deps = _deps(request)
+    return {"object": "list", "data": [{"id": deps.model_label, "object": "model",
+                                        "created": int(deps.started), "owned_by": "relayrl"}]}
+
+
+def _wire_for(request: Request) -> WireFormat:
+    wire = getattr(request.state, "wire", None)
+    if wire is not None:
+        return wire
+    return ANTHROPIC if request.url.path.rstrip("/").endswith("/messages") else OPENAI_CHAT
+
+
+async def _relay_error(request: Request, exc: Exception) -> JSONResponse:
+    if not isinstance(exc, RelayError):
+        log.exception("unexpected error on %s", request.url.path, exc_info=exc)
+        exc = RelayError("internal error; the gateway log has the details")
+    return JSONResponse(_wire_for(request).module.error_body(exc), status_code=exc.status_code)
+
+
+async def _not_found(request: Request, exc: Exception) -> JSONResponse:
+    from relayrl.errors import NotFound
+
+    return await _relay_error(request, NotFound(f"no route {request.method} {request.url.path}"))
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    deps: GatewayDeps = app.state.deps
+    period = min(30.0, max(0.5, deps.config.session_ttl_s / 4))
+
+    async def expire_idle() -> None:
+        while True:  # runs for the app's lifetime; cancelled at shutdown
+            await asyncio.sleep(period)
+            for s in deps.store.expire():
+                log.info("session %s idle past its TTL: aborted", s.id)
+
+    task = asyncio.create_task(expire_idle())
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
+def create_app(deps: GatewayDeps) -> FastAPI:
+    """Build the gateway app around `deps`."""
+    app = FastAPI(title="relayrl gateway", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=_lifespan)
+    app.state.deps = deps
+    for prefix in ("", "/sessions/{session_id}"):
+        for path in ("/v1/chat/completions", "/chat/completions"):
+            app.add_api_route(prefix + path, chat_completions, methods=["POST"])
+        for path in ("/v1/responses", "/responses"):
+            app.add_api_route(prefix + path, responses, methods=["POST"])
+        app.add_api_route(prefix + "/v1/messages", messages, methods=["POST"])
+        app.add_api_route(prefix + "/v1/models", list_models, methods=["GET"])
+    routes_rl.register(app)
+    app.add_exception_handler(RelayError, _relay_error)
+    app.add_exception_handler(Exception, _relay_error)
+    app.add_exception_handler(404, _not_found)
+    app.add_exception_handler(405, _not_found)
+    return app

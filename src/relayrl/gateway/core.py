@@ -1,0 +1,307 @@
+"""The one completion path behind all three front doors.
+
+parse (done by the route) → locate the parent call in the session → build the prompt (extend the
+parent's exact tokens, or render a new segment) → sample with the engine → parse the output →
+record the call (memory + durable log) → hand a `Completion` (or a stream of deltas) back to the
+route, which renders it in its own wire format.
+
+Nothing here knows a wire format. The main tradeoff: the prompt of a continuing call is built from
+the parent's stored token ids, never from re-rendered text, so what the engine saw is exactly what
+the trainer gets; the price is that an agent which edits its history opens a new segment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
+
+from relayrl.chat.completion import Choice, Completion, CompletionRequest, ReplyFinish, TokenLogprob
+from relayrl.chat.conversation import Conversation, ParsedReply, ReplyDelta
+from relayrl.chat.detokenize import IncrementalDecoder
+from relayrl.chat.parsers import StreamingReplyParser, parse_reply
+from relayrl.chat.renderer import Renderer
+from relayrl.engine.base import InferenceEngine
+from relayrl.errors import ContextLengthExceeded, InvalidRequest
+from relayrl.gateway.config import GatewayConfig
+from relayrl.trajectory import BranchReason, Interaction, InteractionLog, Session, SessionStore
+from relayrl.types import FinishReason, GenerateOutput, GenerateRequest, TokenChunk
+
+TOOL_CALL_OPEN = "<tool_call>\n"
+"""Hermes/Qwen tool-call opening, used to force a call when `tool_choice` demands one."""
+
+
+@dataclass
+class GatewayDeps:
+    """Everything the routes need, stored on `app.state.deps` (no module-level state)."""
+
+    config: GatewayConfig
+    renderer: Renderer
+    engine: InferenceEngine
+    store: SessionStore
+    log: InteractionLog | None = None
+    model_label: str = "default"
+    started: float = field(default_factory=time.time)
+    warned_fields: set[str] = field(default_factory=set)
+    """Unknown request fields already logged once."""
+
+
+@dataclass(frozen=True)
+class PreparedCall:
+    """A request turned into token ids, with where it sits in the session tree."""
+
+    request: CompletionRequest
+    prompt_ids: list[int]
+    forced_prefix: str
+    """Text put into the prompt to force a tool call (empty when none); the parser sees it first."""
+    parent: Interaction | None
+    segment_reason: BranchReason | None
+    params_max_tokens: int
+
+
+def prepare(deps: GatewayDeps, session: Session | None, req: CompletionRequest) -> PreparedCall:
+    """Build the prompt ids for a call: extend the parent's tokens, or render a new segment."""
+    conv = req.conversation
+    _check_tool_choice(conv)
+    forced = _forced_prefix(conv)
+    parent, reason, prompt = None, None, None
+    if session is not None:
+        located = session.locate(conv)
+        parent, reason = located.parent, located.reason
+        if parent is not None and reason is None:
+            prev_ids = [*parent.prompt_ids, *parent.output_ids]
+            prev_messages = (*parent.conversation.messages, parent.reply.to_message())
+            prompt = deps.renderer.extend(prev_ids, prev_messages, conv)
+            if prompt is None:  # the tree link stays, so credit still flows to the parent
+                reason = BranchReason.PROMPT_MISMATCH
+    if prompt is None:
+        prompt = deps.renderer.render(conv)
+    if forced:
+        prompt = prompt + deps.renderer.encode(forced)
+    room = deps.engine.context_length - len(prompt)
+    if room <= 0:
+        raise ContextLengthExceeded(
+            f"the prompt is {len(prompt)} tokens; this model's context is "
+            f"{deps.engine.context_length} tokens"
+        )
+    max_tokens = min(req.params.max_new_tokens, room)
+    return PreparedCall(req, prompt, forced, parent, reason, max_tokens)
+
+
+def _check_tool_choice(conv: Conversation) -> None:
+    choice = conv.tool_choice
+    if choice in ("auto", "none"):
+        return
+    if not conv.tools:
+        raise InvalidRequest(f"tool_choice {choice!r} needs tools, and the request lists none")
+    if choice != "required" and choice not in {t.name for t in conv.tools}:
+        raise InvalidRequest(f"tool_choice names {choice!r}, which is not among the tools")
+
+
+def _forced_prefix(conv: Conversation) -> str:
+    # We cannot constrain decoding, so a demanded call is started in the prompt: those tokens are
+    # prompt tokens (not sampled, not trained on), and the parser reads them before the output.
+    if conv.tool_choice == "required":
+        return TOOL_CALL_OPEN
+    if conv.tool_choice not in ("auto", "none"):
+        return TOOL_CALL_OPEN + '{"name": "' + conv.tool_choice + '", "arguments": '
+    return ""
+
+
+def _engine_request(deps: GatewayDeps, call: PreparedCall, index: int) -> GenerateRequest:
+    p = call.request.params
+    seed = None if p.seed is None else p.seed + index
+    stop_ids = tuple(dict.fromkeys((*deps.renderer.stop_token_ids, *p.stop_token_ids)))
+    params = replace(p, max_new_tokens=call.params_max_tokens, stop_token_ids=stop_ids, seed=seed)
+    return GenerateRequest(prompt_ids=call.prompt_ids, params=params)
+
+
+def visible_text(deps: GatewayDeps, out: GenerateOutput) -> str:
+    """The output as text: no end-of-turn token, cut at the stop string that ended it."""
+    ids = out.output_ids
+    if out.finish_reason == FinishReason.STOP and ids and ids[-1] in deps.renderer.stop_token_ids:
+        ids = ids[:-1]
+    text = deps.renderer.decode(ids)
+    if out.stop_string:
+        cut = text.find(out.stop_string)
+        if cut >= 0:
+            text = text[:cut]
+    return text
+
+
+def reply_finish(out: GenerateOutput, reply: ParsedReply) -> ReplyFinish:
+    """Wire-neutral finish reason of one sampled reply."""
+    if out.finish_reason == FinishReason.ABORT:
+        return "abort"
+    if out.finish_reason == FinishReason.LENGTH:
+        return "length"
+    return "tool_calls" if reply.tool_calls else "stop"
+
+
+def _token_logprobs(deps: GatewayDeps, out: GenerateOutput) -> tuple[TokenLogprob, ...]:
+    strings = deps.renderer.token_strings(out.output_ids)
+    tops = out.top_logprobs or [[] for _ in out.output_ids]
+    result = []
+    for s, lp, top in zip(strings, out.logprobs, tops, strict=True):
+        alts = tuple(zip(deps.renderer.token_strings([t.token_id for t in top]),
+                         (t.logprob for t in top), strict=True))
+        result.append(TokenLogprob(token=s, logprob=lp, top=alts))
+    return tuple(result)
+
+
+def record(deps: GatewayDeps, session: Session | None, call: PreparedCall,
+           out: GenerateOutput, reply: ParsedReply, finish: ReplyFinish) -> str:
+    """Store one sampled reply in its session and the durable log; return its interaction id."""
+    iid = "int-" + uuid.uuid4().hex
+    if session is None:
+        return iid
+    interaction = session.new_interaction(
+        id=iid,
+        parent=call.parent,
+        reason=call.segment_reason,
+        conversation=call.request.conversation,
+        reply=reply,
+        prompt_ids=tuple(call.prompt_ids),
+        output=out,
+        finish_reason=finish,
+    )
+    session.record(interaction)  # journaled to the durable log before memory changes
+    return iid
+
+
+async def complete(deps: GatewayDeps, session: Session | None, req: CompletionRequest) -> Completion:
+    """Serve a non-streamed call: n samples, parsed, recorded."""
+    call = prepare(deps, session, req)
+    outs = await asyncio.gather(
+        *(deps.engine.generate(_engine_request(deps, call, i)) for i in range(req.n))
+    )
+    choices = []
+    for i, out in enumerate(outs):
+        reply = parse_reply(call.forced_prefix + visible_text(deps, out))
+        finish = reply_finish(out, reply)
+        iid = record(deps, session, call, out, reply, finish)
+        lps = _token_logprobs(deps, out) if req.logprobs else None
+        choices.append(Choice(index=i, reply=reply, finish_reason=finish, interaction_id=iid,
+                              logprobs=lps, output_tokens=len(out.output_ids),
+                              stop_sequence=out.stop_string))
+    return Completion(id=_completion_id(), model=deps.model_label, created=int(time.time()),
+                      choices=tuple(choices), prompt_tokens=len(call.prompt_ids))
+
+
+def _completion_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class StreamDelta:
+    """Reply pieces produced by one engine chunk of choice `index`."""
+
+    index: int
+    deltas: Sequence[ReplyDelta]
+    logprobs: Sequence[TokenLogprob] | None = None
+
+
+@dataclass(frozen=True)
+class StreamFinish:
+    """The end of choice `index`, after it was recorded."""
+
+    index: int
+    finish_reason: ReplyFinish
+    interaction_id: str
+    reply: ParsedReply
+    output_tokens: int
+    stop_sequence: str | None = None
+
+
+StreamEvent = StreamDelta | StreamFinish
+
+
+class _ChoiceStream:
+    """Turns engine chunks of one choice into reply deltas, holding back a possible stop string."""
+
+    def __init__(self, deps: GatewayDeps, call: PreparedCall, index: int) -> None:
+        self.deps, self.call, self.index = deps, call, index
+        self.decoder = IncrementalDecoder(deps.renderer)
+        self.parser = StreamingReplyParser()
+        self.chunks: list[TokenChunk] = []
+        self.stops = call.request.params.stop
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.seen = ""   # all decoded text
+        self.fed = 0     # how much of it the parser has had (the rest may hold a stop string)
+
+    def start(self) -> list[ReplyDelta]:
+        return self.parser.feed(self.call.forced_prefix) if self.call.forced_prefix else []
+
+    def push(self, chunk: TokenChunk) -> StreamDelta:
+        self.chunks.append(chunk)
+        ids = [t for t in chunk.ids if t not in self.deps.renderer.stop_token_ids]
+        self.seen += self.decoder.push(ids)
+        out: list[ReplyDelta] = []
+        if chunk.finish_reason is None:
+            ready = len(self.seen) - self.hold if self.stops else len(self.seen)
+            if ready > self.fed:
+                out = self.parser.feed(self.seen[self.fed:ready])
+                self.fed = ready
+        lps = None
+        if self.call.request.logprobs and chunk.ids:
+            partial = GenerateOutput(chunk.ids, chunk.logprobs, chunk.versions, FinishReason.STOP,
+                                     top_logprobs=chunk.top_logprobs)
+            lps = _token_logprobs(self.deps, partial)
+        return StreamDelta(self.index, out, lps)
+
+    def finish(self, session: Session | None) -> tuple[StreamDelta, StreamFinish]:
+        out = GenerateOutput.from_chunks(self.chunks)
+        full = self.seen + self.decoder.flush()
+        if out.stop_string and (cut := full.find(out.stop_string)) >= 0:
+            full = full[: max(cut, self.fed)]
+        tail = full[self.fed:]
+        deltas = [*self.parser.feed(tail), *self.parser.finish()] if tail else self.parser.finish()
+        reply = self.parser.result()
+        finish = reply_finish(out, reply)
+        iid = record(self.deps, session, self.call, out, reply, finish)
+        return (StreamDelta(self.index, deltas),
+                StreamFinish(self.index, finish, iid, reply, len(out.output_ids), out.stop_string))
+
+
+async def complete_stream(
+    deps: GatewayDeps, session: Session | None, call: PreparedCall
+) -> AsyncIterator[StreamEvent]:
+    """Serve a streamed call: reply deltas as the engine samples, then one finish per choice."""
+    queue: asyncio.Queue[tuple[int, TokenChunk | BaseException | None]] = asyncio.Queue()
+    streams = [_ChoiceStream(deps, call, i) for i in range(call.request.n)]
+
+    async def pump(i: int) -> None:
+        try:
+            async for chunk in deps.engine.stream(_engine_request(deps, call, i)):
+                await queue.put((i, chunk))
+        except BaseException as e:  # handed to the consumer, which re-raises
+            await queue.put((i, e))
+            return
+        await queue.put((i, None))
+
+    for s in streams:
+        first = s.start()
+        if first:
+            yield StreamDelta(s.index, first)
+    tasks = [asyncio.create_task(pump(i)) for i in range(len(streams))]
+    try:
+        running = len(streams)
+        while running:
+            i, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:
+                running -= 1
+                delta, fin = streams[i].finish(session)
+                if delta.deltas:
+                    yield delta
+                yield fin
+                continue
+            delta = streams[i].push(item)
+            if delta.deltas or delta.logprobs:
+                yield delta
+    finally:
+        for t in tasks:
+            t.cancel()

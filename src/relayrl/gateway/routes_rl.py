@@ -1,0 +1,184 @@
+"""RL routes: capacity, sessions, rewards, export (our spelling, and seed 003's `/rl/v1/*`).
+
+Admin routes need the admin key; reward and end routes need the session's own key. Bodies are
+validated by small pydantic models so a bad field is a 400/422 in OpenAI's error shape.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from relayrl.errors import InvalidRequest
+from relayrl.gateway.auth import require_admin, require_session
+from relayrl.gateway.core import GatewayDeps
+from relayrl.trajectory import export_session
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StartSession(_Body):
+    task_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    api_key: str | None = None
+    """A key of the caller's choosing (AReaL controllers pass one); random when absent."""
+
+
+class SetReward(_Body):
+    interaction_id: str | None = None
+    completion_id: str | None = None  # seed 003's name for interaction_id
+    reward: float
+
+    @field_validator("reward")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("reward must be a finite number")
+        return v
+
+
+class Finalize(_Body):
+    final_reward: float | None = None
+    reward: float | None = None
+
+
+class ExportRequest(_Body):
+    session_id: str
+    discount: float = 1.0
+    style: Literal["individual", "concat"] = "individual"
+    credit: Literal["discount", "outcome", "returns_to_go"] = "discount"
+    ack: bool = False
+    """Also acknowledge: the session is freed after this answer."""
+
+
+class AckExport(_Body):
+    session_id: str
+
+
+def _deps(request: Request) -> GatewayDeps:
+    return request.app.state.deps
+
+
+async def _body(request: Request, model: type[_Body]) -> Any:
+    from relayrl.gateway.app import read_json
+
+    data = await read_json(request)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        raise InvalidRequest(f"invalid {where}: {first.get('msg')}") from None
+
+
+async def grant_capacity(request: Request) -> dict[str, int]:
+    """How many more episodes may start under the staleness rule."""
+    deps = _deps(request)
+    require_admin(deps, request)
+    c = deps.config
+    return {"capacity": deps.store.grant_capacity(deps.engine.version, c.max_staleness,
+                                                  c.batch_size)}
+
+
+async def start_session(request: Request) -> dict[str, Any]:
+    """Open a session; 429 when the staleness rule leaves no capacity."""
+    deps = _deps(request)
+    require_admin(deps, request)
+    body: StartSession = await _body(request, StartSession)
+    c = deps.config
+    deps.store.grant_capacity(deps.engine.version, c.max_staleness, c.batch_size)
+    session = deps.store.start_session(task_id=body.task_id, metadata=body.metadata,
+                                       api_key=body.api_key)
+    base = str(request.base_url).rstrip("/")
+    return {"session_id": session.id, "api_key": session.api_key,
+            "base_url": f"{base}/sessions/{session.id}/v1"}
+
+
+async def set_reward(request: Request) -> dict[str, Any]:
+    """Reward one call of the caller's session (the last one when no id is given)."""
+    deps = _deps(request)
+    session = require_session(deps, request)
+    body: SetReward = await _body(request, SetReward)
+    iid = body.interaction_id or body.completion_id
+    target = session.set_reward(iid, body.reward)
+    return {"session_id": session.id, "interaction_id": target, "reward": body.reward}
+
+
+async def end_session(request: Request) -> dict[str, Any]:
+    """Close the caller's session: later calls get 409."""
+    deps = _deps(request)
+    session = require_session(deps, request)
+    session.end()
+    return {"session_id": session.id, "state": str(session.state)}
+
+
+async def finalize(request: Request) -> dict[str, Any]:
+    """Seed 003's finalize: an optional trajectory reward, then end the session."""
+    deps = _deps(request)
+    session = require_session(deps, request)
+    body: Finalize = await _body(request, Finalize)
+    final = body.final_reward if body.final_reward is not None else body.reward
+    if final is not None:
+        session.set_final_reward(final)
+    session.end()
+    return {"session_id": session.id, "state": str(session.state), "final_reward": final}
+
+
+async def export_trajectories(request: Request) -> dict[str, Any]:
+    """Rows of one session with credit assigned; idempotent until acknowledged."""
+    deps = _deps(request)
+    require_admin(deps, request)
+    body: ExportRequest = await _body(request, ExportRequest)
+    session = deps.store.get(body.session_id, touch=False)
+    rows = export_session(session, style=body.style, credit=body.credit, discount=body.discount)
+    result = {"session_id": session.id, "state": str(session.state), "style": body.style,
+              "rows": [r.to_dict() for r in rows]}
+    if body.ack:
+        _acknowledge(deps, session.id)
+    return result
+
+
+async def ack_export(request: Request) -> dict[str, Any]:
+    """Acknowledge an export: the session is freed."""
+    deps = _deps(request)
+    require_admin(deps, request)
+    body: AckExport = await _body(request, AckExport)
+    _acknowledge(deps, body.session_id)
+    return {"session_id": body.session_id, "state": "exported"}
+
+
+def _acknowledge(deps: GatewayDeps, session_id: str) -> None:
+    # journaled as exported (a restart will not bring it back), then forgotten
+    deps.store.get(session_id, touch=False).mark_exported()
+    deps.store.remove(session_id)
+
+
+async def health(request: Request) -> dict[str, Any]:
+    """Liveness and a few counters."""
+    deps = _deps(request)
+    return {"status": "ok", "model": deps.model_label, "version": deps.engine.version,
+            **deps.store.stats()}
+
+
+def register(app: FastAPI) -> None:
+    """Add the RL routes to `app`."""
+    post = [
+        ("/grant_capacity", grant_capacity),
+        ("/rl/start_session", start_session),
+        ("/rl/v1/start_session", start_session),
+        ("/rl/set_reward", set_reward),
+        ("/rl/v1/set_reward", set_reward),
+        ("/rl/end_session", end_session),
+        ("/rl/v1/end_session", end_session),
+        ("/rl/v1/finalize", finalize),
+        ("/export_trajectories", export_trajectories),
+        ("/rl/ack_export", ack_export),
+    ]
+    for path, fn in post:
+        app.add_api_route(path, fn, methods=["POST"])
+    app.add_api_route("/health", health, methods=["GET"])

