@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -108,7 +107,7 @@ def session_open(deps: GatewayDeps, session: Session) -> None:
 async def _sse(deps: GatewayDeps, wire: WireFormat, session: Session | None,
                call: PreparedCall) -> AsyncIterator[str]:
     req = call.request
-    enc = wire.module.StreamEncoder.for_request(req, uuid.uuid4().hex, int(time.time()))
+    enc = wire.module.StreamEncoder.for_request(req, call.interaction_ids[0], int(time.time()))
     prompt_tokens = len(call.prompt_ids)
     completion_tokens = 0
     yield "".join(enc.start(prompt_tokens=prompt_tokens))

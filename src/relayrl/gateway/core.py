@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from relayrl.chat.completion import Choice, Completion, CompletionRequest, ReplyFinish, TokenLogprob
 from relayrl.chat.conversation import Conversation, ParsedReply, ReplyDelta
 from relayrl.chat.detokenize import IncrementalDecoder
-from relayrl.chat.parsers import StreamingReplyParser, parse_reply
+from relayrl.chat.parsers import StreamingReplyParser, parse_reply, prompt_opens_reasoning
 from relayrl.chat.renderer import Renderer
 from relayrl.engine.base import InferenceEngine
 from relayrl.errors import ContextLengthExceeded, InvalidRequest
@@ -59,6 +59,10 @@ class PreparedCall:
     parent: Interaction | None
     segment_reason: BranchReason | None
     params_max_tokens: int
+    interaction_ids: tuple[str, ...]
+    """One id per choice, fixed before sampling so a stream can name its call up front."""
+    starts_in_reasoning: bool
+    """The prompt opened a `<think>` block (templates that start replies inside reasoning)."""
 
 
 def prepare(deps: GatewayDeps, session: Session | None, req: CompletionRequest) -> PreparedCall:
@@ -87,7 +91,9 @@ def prepare(deps: GatewayDeps, session: Session | None, req: CompletionRequest) 
             f"{deps.engine.context_length} tokens"
         )
     max_tokens = min(req.params.max_new_tokens, room)
-    return PreparedCall(req, prompt, forced, parent, reason, max_tokens)
+    opens = prompt_opens_reasoning(deps.renderer.decode(prompt[-8:]))
+    ids = tuple(uuid.uuid4().hex for _ in range(req.n))
+    return PreparedCall(req, prompt, forced, parent, reason, max_tokens, ids, opens)
 
 
 def _check_tool_choice(conv: Conversation) -> None:
@@ -151,10 +157,10 @@ def _token_logprobs(deps: GatewayDeps, out: GenerateOutput) -> tuple[TokenLogpro
     return tuple(result)
 
 
-def record(deps: GatewayDeps, session: Session | None, call: PreparedCall,
+def record(deps: GatewayDeps, session: Session | None, call: PreparedCall, index: int,
            out: GenerateOutput, reply: ParsedReply, finish: ReplyFinish) -> str:
     """Store one sampled reply in its session and the durable log; return its interaction id."""
-    iid = "int-" + uuid.uuid4().hex
+    iid = call.interaction_ids[index]
     if session is None:
         return iid
     interaction = session.new_interaction(
@@ -179,19 +185,17 @@ async def complete(deps: GatewayDeps, session: Session | None, req: CompletionRe
     )
     choices = []
     for i, out in enumerate(outs):
-        reply = parse_reply(call.forced_prefix + visible_text(deps, out))
+        reply = parse_reply(call.forced_prefix + visible_text(deps, out), call.starts_in_reasoning)
         finish = reply_finish(out, reply)
-        iid = record(deps, session, call, out, reply, finish)
+        iid = record(deps, session, call, i, out, reply, finish)
         lps = _token_logprobs(deps, out) if req.logprobs else None
         choices.append(Choice(index=i, reply=reply, finish_reason=finish, interaction_id=iid,
                               logprobs=lps, output_tokens=len(out.output_ids),
                               stop_sequence=out.stop_string))
-    return Completion(id=_completion_id(), model=deps.model_label, created=int(time.time()),
-                      choices=tuple(choices), prompt_tokens=len(call.prompt_ids))
-
-
-def _completion_id() -> str:
-    return uuid.uuid4().hex
+    # the reply's id is its (first) call's id, so set_reward can take it as seed 003 does
+    return Completion(id=call.interaction_ids[0], model=deps.model_label,
+                      created=int(time.time()), choices=tuple(choices),
+                      prompt_tokens=len(call.prompt_ids))
 
 
 @dataclass(frozen=True)
@@ -224,7 +228,7 @@ class _ChoiceStream:
     def __init__(self, deps: GatewayDeps, call: PreparedCall, index: int) -> None:
         self.deps, self.call, self.index = deps, call, index
         self.decoder = IncrementalDecoder(deps.renderer)
-        self.parser = StreamingReplyParser()
+        self.parser = StreamingReplyParser(starts_in_reasoning=call.starts_in_reasoning)
         self.chunks: list[TokenChunk] = []
         self.stops = call.request.params.stop
         self.hold = max((len(s) for s in self.stops), default=1) - 1
@@ -260,7 +264,7 @@ class _ChoiceStream:
         deltas = [*self.parser.feed(tail), *self.parser.finish()] if tail else self.parser.finish()
         reply = self.parser.result()
         finish = reply_finish(out, reply)
-        iid = record(self.deps, session, self.call, out, reply, finish)
+        iid = record(self.deps, session, self.call, self.index, out, reply, finish)
         return (StreamDelta(self.index, deltas),
                 StreamFinish(self.index, finish, iid, reply, len(out.output_ids), out.stop_string))
 

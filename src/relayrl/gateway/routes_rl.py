@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from relayrl.errors import InvalidRequest
 from relayrl.gateway.auth import require_admin, require_session
 from relayrl.gateway.core import GatewayDeps
-from relayrl.trajectory import export_session
+from relayrl.trajectory import export_session, row_to_dict
 
 
 class _Body(BaseModel):
@@ -105,8 +105,19 @@ async def set_reward(request: Request) -> dict[str, Any]:
     session = require_session(deps, request)
     body: SetReward = await _body(request, SetReward)
     iid = body.interaction_id or body.completion_id
-    target = session.set_reward(iid, body.reward)
+    target = session.set_reward(_interaction_id(iid), body.reward)
     return {"session_id": session.id, "interaction_id": target, "reward": body.reward}
+
+
+_WIRE_ID_PREFIXES = ("chatcmpl-", "resp_", "msg_")
+
+
+def _interaction_id(reply_id: str | None) -> str | None:
+    """The call id inside a reply id: the wire formats prefix it (`chatcmpl-`, `resp_`, `msg_`)."""
+    for prefix in _WIRE_ID_PREFIXES:
+        if reply_id and reply_id.startswith(prefix):
+            return reply_id[len(prefix):]
+    return reply_id
 
 
 async def end_session(request: Request) -> dict[str, Any]:
@@ -137,7 +148,7 @@ async def export_trajectories(request: Request) -> dict[str, Any]:
     session = deps.store.get(body.session_id, touch=False)
     rows = export_session(session, style=body.style, credit=body.credit, discount=body.discount)
     result = {"session_id": session.id, "state": str(session.state), "style": body.style,
-              "rows": [r.to_dict() for r in rows]}
+              "rows": [row_to_dict(r) for r in rows]}
     if body.ack:
         _acknowledge(deps, session.id)
     return result

@@ -1,0 +1,699 @@
+"""`LocalEngine`: a Hugging Face causal LM served in this process with continuous batching.
+
+One background thread owns the model and runs the loop: between two decode steps it applies
+weight updates, drops finished or abandoned requests, prefills newly arrived ones (several at a
+time, left-padded) straight into the batch's KV cache, then runs one decode step for every running
+sequence and hands each sampled token to its caller's event loop. Torch releases the GIL inside
+its kernels, so the event loop keeps serving while the thread computes.
+
+KV cache: `SlotKVCache` keeps one row per running sequence, each row holding its tokens from
+column 0 ("right-padded"), with a 4D boolean mask and per-row position ids. A joining sequence
+is written into a free row and a finished one leaves by moving the last row into its place, so
+nothing is ever shifted or concatenated per step (transformers' DynamicCache concatenates every
+layer's cache at every step, which costs more than the attention itself at batch 32). The
+tradeoff: memory is rows × longest live sequence, not the sum of lengths (paged attention would
+fix that; it is not worth its complexity at CPU batch sizes).
+
+Measured on the 2-core Xeon (AMX-bf16) with SmolLM2-135M, one decode step of the HF model:
+fp32 29/55/88 ms and bf16 31/36/57 ms at batch 1/8/32, so `dtype="auto"` picks bf16 where the
+CPU has AMX-bf16 (or on a CUDA GPU with bf16) and fp32 elsewhere. transformers' own continuous
+batching (`generate_batch`, paged cache) runs on CPU but reached 138 tok/s (bf16) and 110 tok/s
+(fp32) on 32 × 128 tokens, well below this loop (see benchmarks/RESULTS.md).
+
+Logprobs: `log_softmax(logits / T)` of the sampled token (T = 1 for greedy), computed in fp32
+from the logits, before top-p/top-k truncation (see `relayrl.engine.sampling`). With a bf16 model
+the logits themselves come from bf16 weights; run `dtype="float32"` where logprobs must match an
+fp32 forward pass to 1e-4.
+
+The engine stops a request only at its own `stop_token_ids` / `stop` strings, `max_new_tokens`
+or the context length: it adds no end-of-sequence id by itself (the renderer supplies those).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from relayrl.engine.base import validate_request
+from relayrl.engine.sampling import RowParams, sample
+from relayrl.engine.stops import StopStringMatcher
+from relayrl.errors import EngineError, InvalidRequest, ModelError
+from relayrl.types import (
+    FinishReason,
+    GenerateOutput,
+    GenerateRequest,
+    Timings,
+    TokenChunk,
+    TopLogprob,
+)
+
+_MIN_COLUMNS = 256
+"""Smallest KV-cache width allocated; it doubles as sequences grow."""
+
+
+@dataclass
+class _Plan:
+    """What the current forward pass writes into the cache (shared by all layers)."""
+
+    rows_cap: int = 0
+    cols_cap: int = 0
+    past: int = 0
+    """Columns visible before this pass (decode) or 0 (prefill)."""
+    visible: int = 0
+    """Columns attention reads in this pass (decode)."""
+    write_cols_B: torch.Tensor | None = None
+    """Decode: the column each row writes its new token to."""
+    rows_B: torch.Tensor | None = None
+    placements: list[tuple[int, int, int]] = field(default_factory=list)
+    """Prefill: (cache row, left padding, prompt length) per input row."""
+
+
+class _SlotLayer(CacheLayerMixin):
+    """One layer's keys/values: row r holds its sequence's tokens in columns [0, length_r)."""
+
+    is_sliding = False
+
+    def __init__(self, plan: _Plan) -> None:
+        super().__init__()
+        self._plan = plan
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Allocate (or grow) the buffers to the plan's capacity, keeping what they hold."""
+        _, heads, _, dim = key_states.shape
+        shape = (self._plan.rows_cap, heads, self._plan.cols_cap, dim)
+        old_k, old_v = self.keys, self.values
+        self.keys = key_states.new_zeros(shape)
+        self.values = value_states.new_zeros(shape)
+        if old_k is not None and old_v is not None:
+            r, c = old_k.shape[0], old_k.shape[2]
+            self.keys[:r, :, :c] = old_k
+            self.values[:r, :, :c] = old_v
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this pass's keys/values; return what attention should read."""
+        plan = self._plan
+        if (
+            self.keys is None
+            or self.keys.shape[0] < plan.rows_cap
+            or self.keys.shape[2] < plan.cols_cap
+        ):
+            self.lazy_initialization(key_states, value_states)
+        assert self.keys is not None and self.values is not None
+        if plan.write_cols_B is None:
+            self._store_prefill(key_states, value_states)
+            # Prefill attends within its own (left-padded) block: nothing older is involved.
+            return key_states, value_states
+        self.keys[plan.rows_B, :, plan.write_cols_B] = key_states[:, :, 0]
+        self.values[plan.rows_B, :, plan.write_cols_B] = value_states[:, :, 0]
+        batch = key_states.shape[0]
+        return self.keys[:batch, :, : plan.visible], self.values[:batch, :, : plan.visible]
+
+    def _store_prefill(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        assert self.keys is not None and self.values is not None
+        placements = self._plan.placements
+        first, _, length = placements[0]
+        if all(p[1] == 0 and p[0] == first + i for i, p in enumerate(placements)):
+            # No padding and consecutive rows: one copy for the whole block.
+            self.keys[first : first + len(placements), :, :length] = key_states
+            self.values[first : first + len(placements), :, :length] = value_states
+            return
+        for i, (row, pad, length) in enumerate(placements):
+            self.keys[row, :, :length] = key_states[i, :, pad:]
+            self.values[row, :, :length] = value_states[i, :, pad:]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """Length and offset of the keys a pass of `query_length` tokens attends to."""
+        return self._plan.past + query_length, 0
+
+    def get_seq_length(self) -> int:
+        """Columns cached before this pass."""
+        return self._plan.past
+
+    def get_max_length(self) -> int:
+        """No fixed maximum: the buffers grow."""
+        return -1
+
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        """Copy row `src`'s first `length` columns into row `dst`."""
+        if self.keys is not None and self.values is not None:
+            self.keys[dst, :, :length] = self.keys[src, :, :length]
+            self.values[dst, :, :length] = self.values[src, :, :length]
+
+
+class SlotKVCache(Cache):
+    """KV cache with one row per running sequence; see the module docstring."""
+
+    def __init__(self, num_layers: int, max_rows: int, max_columns: int) -> None:
+        self._plan = _Plan()
+        self._slots = [_SlotLayer(self._plan) for _ in range(num_layers)]
+        super().__init__(layers=list(self._slots))
+        self._max_rows = max_rows
+        self._max_columns = max_columns
+
+    def reserve(self, rows: int, columns: int) -> None:
+        """Make room for `rows` sequences of `columns` tokens (grows by doubling)."""
+        plan = self._plan
+        if rows > plan.rows_cap:
+            plan.rows_cap = min(self._max_rows, max(rows, 2 * plan.rows_cap, 4))
+        if columns > plan.cols_cap:
+            plan.cols_cap = min(self._max_columns, max(columns, 2 * plan.cols_cap, _MIN_COLUMNS))
+
+    def plan_prefill(self, placements: list[tuple[int, int, int]]) -> None:
+        """Next pass is a prefill; input row i goes to cache row placements[i][0]."""
+        self._plan.placements = placements
+        self._plan.write_cols_B = None
+        self._plan.past = 0
+
+    def plan_decode(self, write_cols_B: torch.Tensor, visible: int) -> None:
+        """Next pass decodes one token per row, written at `write_cols_B`."""
+        plan = self._plan
+        plan.write_cols_B = write_cols_B
+        if plan.rows_B is None or plan.rows_B.shape[0] != write_cols_B.shape[0]:
+            plan.rows_B = torch.arange(write_cols_B.shape[0], device=write_cols_B.device)
+        plan.visible = visible
+        plan.past = visible - 1
+
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        """Copy one sequence's cache from row `src` to row `dst`."""
+        for layer in self._slots:
+            layer.move_row(src, dst, length)
+
+    def clear(self) -> None:
+        """Free every buffer (the batch is empty)."""
+        for layer in self._slots:
+            layer.keys = layer.values = None
+            layer.is_initialized = False
+        self._plan.rows_cap = self._plan.cols_cap = 0
+
+
+@dataclass(eq=False)
+class _Sequence:
+    """One request while the engine serves it."""
+
+    prompt: list[int]
+    row: RowParams
+    max_tokens: int
+    stop_ids: frozenset[int]
+    matcher: StopStringMatcher | None
+    submitted: float
+    emit: Callable[[TokenChunk | BaseException], None] = lambda item: None
+    """Hands an item to the caller's event loop (set once that loop is known)."""
+    output: list[int] = field(default_factory=list)
+    cached: int = 0
+    """KV columns filled (prompt + all sampled tokens but the last)."""
+    last: int = 0
+    started: float | None = None
+    first_token: float | None = None
+    done: bool = False
+    aborted: bool = False
+    """Set by the caller's side when it stops listening."""
+
+    def finish_after(self, token: int) -> tuple[FinishReason | None, str | None]:
+        """Whether the token just appended ends the request, and by which stop string."""
+        if token in self.stop_ids:
+            return FinishReason.STOP, None
+        if self.matcher is not None and (hit := self.matcher.match(self.output)) is not None:
+            return FinishReason.STOP, hit
+        if len(self.output) >= self.max_tokens:
+            return FinishReason.LENGTH, None
+        return None, None
+
+    def timings(self, now: float) -> Timings:
+        """Timings measured from submission."""
+        return Timings(
+            queued_s=(self.started or now) - self.submitted,
+            first_token_s=(self.first_token or now) - self.submitted,
+            total_s=now - self.submitted,
+        )
+
+
+@dataclass(eq=False)
+class _WeightUpdate:
+    state: Mapping[str, torch.Tensor]
+    version: int | None
+    resolve: Callable[[int | BaseException], None]
+
+
+class LocalEngine:
+    """A transformers causal LM, in-process, with continuous batching (see the module docstring)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        device: str | None = None,
+        dtype: str = "auto",
+        max_batch_size: int = 64,
+        seed: int | None = None,
+        max_context: int | None = None,
+        max_prefill_tokens: int = 4096,
+    ) -> None:
+        if max_batch_size <= 0:
+            raise InvalidRequest(f"max_batch_size must be > 0, got {max_batch_size}")
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = _pick_dtype(dtype, self.device)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+            self.model = AutoModelForCausalLM.from_pretrained(
+                model_path, dtype=self.dtype, attn_implementation="sdpa"
+            )
+        except (OSError, ValueError) as e:
+            raise ModelError(f"cannot load a causal LM from {model_path!r}: {e}") from e
+        self.model.to(self.device).eval()
+        config = self.model.config
+        self._vocab_size = int(config.vocab_size)
+        self._context_length = _context_length(config, max_context)
+        self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
+        self._targets = dict(self.model.state_dict())
+        self._version = 0
+        self._shared_generator = torch.Generator().manual_seed(
+            seed if seed is not None else secrets.randbits(63)
+        )
+        self._cache = SlotKVCache(config.num_hidden_layers, max_batch_size, self._context_length)
+        self._columns = torch.arange(self._context_length, device=self.device)
+        # State shared with callers, guarded by `_wakeup`.
+        self._wakeup = threading.Condition()
+        self._inbox: collections.deque[_Sequence] = collections.deque()
+        self._updates: collections.deque[_WeightUpdate] = collections.deque()
+        self._closing = False
+        # State owned by the engine thread.
+        self._waiting: collections.deque[_Sequence] = collections.deque()
+        self._rows: list[_Sequence] = []
+        self._thread = threading.Thread(
+            target=self._serve, name="relayrl-local-engine", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def version(self) -> int:
+        """Weight version that samples the next token."""
+        return self._version
+
+    @property
+    def context_length(self) -> int:
+        """Most tokens (prompt + output) one sequence may hold."""
+        return self._context_length
+
+    @property
+    def active(self) -> int:
+        """Requests queued or in the running batch."""
+        return len(self._inbox) + len(self._waiting) + len(self._rows)
+
+    async def generate(self, request: GenerateRequest) -> GenerateOutput:
+        """Sample a whole completion."""
+        return GenerateOutput.from_chunks([c async for c in self.stream(request)])
+
+    def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        """Sample a completion, yielding tokens as they are sampled; bad requests raise here."""
+        validate_request(request, self._context_length, self._vocab_size)
+        if request.params.top_logprobs < 0:
+            raise InvalidRequest(f"top_logprobs must be >= 0, got {request.params.top_logprobs}")
+        if self._closing:
+            raise EngineError("the engine is closed")
+        return self._stream(request)
+
+    async def update_weights(
+        self, weights: Mapping[str, Any] | str | os.PathLike[str], version: int | None = None
+    ) -> int:
+        """Load new weights (a state dict or a checkpoint directory) between decode steps."""
+        if isinstance(weights, str | os.PathLike):
+            state = await asyncio.to_thread(_read_checkpoint, str(weights))
+        else:
+            state = {k: torch.as_tensor(v) for k, v in weights.items()}
+        self._check_state(state)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[int] = loop.create_future()
+
+        def resolve(result: int | BaseException) -> None:
+            def settle() -> None:
+                if done.done():
+                    return
+                if isinstance(result, BaseException):
+                    done.set_exception(result)
+                else:
+                    done.set_result(result)
+
+            loop.call_soon_threadsafe(settle)
+
+        with self._wakeup:
+            if self._closing:
+                raise EngineError("the engine is closed")
+            self._updates.append(_WeightUpdate(state, version, resolve))
+            self._wakeup.notify()
+        return await done
+
+    async def aclose(self) -> None:
+        """Stop serving; requests in flight finish with `abort`."""
+        await asyncio.to_thread(self.close)
+
+    def close(self) -> None:
+        """Blocking form of `aclose`, for code without an event loop."""
+        with self._wakeup:
+            self._closing = True
+            self._wakeup.notify()
+        self._thread.join()
+
+    # -- caller side -------------------------------------------------------------------------
+
+    async def _stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
+        seq = self._new_sequence(request)
+        seq.emit = _emitter(loop, queue, seq)
+        with self._wakeup:
+            if self._closing:
+                raise EngineError("the engine is closed")
+            self._inbox.append(seq)
+            self._wakeup.notify()
+        finished = False
+        try:
+            # One chunk per sampled token at most, plus the final one.
+            for _ in range(seq.max_tokens + 1):
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                chunk = _join(items)
+                finished = chunk.finish_reason is not None
+                yield chunk
+                if finished:
+                    return
+        finally:
+            if not finished:
+                seq.aborted = True
+                with self._wakeup:
+                    self._wakeup.notify()
+
+    def _new_sequence(self, request: GenerateRequest) -> _Sequence:
+        p = request.params
+        prompt = list(request.prompt_ids)
+        generator = torch.Generator().manual_seed(p.seed) if p.seed is not None else None
+        matcher = None
+        if p.stop:
+            matcher = StopStringMatcher(
+                p.stop, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)
+            )
+        return _Sequence(
+            prompt=prompt,
+            row=RowParams(p.temperature, p.top_p, p.top_k, p.top_logprobs, generator),
+            # The context bounds the output too: finish "length" at its end.
+            max_tokens=min(p.max_new_tokens, self._context_length - len(prompt)),
+            stop_ids=frozenset(p.stop_token_ids),
+            matcher=matcher,
+            submitted=time.perf_counter(),
+        )
+
+    def _check_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        unknown = [k for k in state if k not in self._targets]
+        if unknown:
+            raise InvalidRequest(
+                f"{len(unknown)} weight names are not in the model, e.g. {unknown[:3]}"
+            )
+        wrong = [k for k, t in state.items() if t.shape != self._targets[k].shape]
+        if wrong:
+            k = wrong[0]
+            raise InvalidRequest(
+                f"weight {k!r} has shape {tuple(state[k].shape)}, "
+                f"the model expects {tuple(self._targets[k].shape)}"
+            )
+
+    # -- engine thread -----------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        with torch.inference_mode():
+            while self._next_iteration():
+                try:
+                    self._admit()
+                    if self._rows:
+                        self._decode()
+                except Exception as e:  # a failed pass must not kill the engine
+                    self._fail_batch(e)
+        self._shut_down()
+
+    def _next_iteration(self) -> bool:
+        """Wait for work; take arrivals and weight updates. False once the engine closes."""
+        with self._wakeup:
+            while not (
+                self._inbox or self._updates or self._rows or self._waiting or self._closing
+            ):
+                self._wakeup.wait()
+            if self._closing:
+                return False
+            self._waiting.extend(self._inbox)
+            self._inbox.clear()
+            updates = list(self._updates)
+            self._updates.clear()
+        for update in updates:
+            self._apply_update(update)
+        self._retire()
+        return True
+
+    def _apply_update(self, update: _WeightUpdate) -> None:
+        try:
+            for name, tensor in update.state.items():
+                self._targets[name].copy_(tensor)
+        except Exception as e:  # e.g. a tensor on a device we cannot read
+            update.resolve(EngineError(f"weight update failed: {e}"))
+            return
+        self._version = update.version if update.version is not None else self._version + 1
+        update.resolve(self._version)
+
+    def _admit(self) -> None:
+        """Prefill waiting requests into free rows, within the prefill token budget."""
+        taken: list[_Sequence] = []
+        longest = 0
+        room = self.max_batch_size - len(self._rows)
+        while self._waiting and len(taken) < room:
+            seq = self._waiting[0]
+            if seq.aborted:
+                self._waiting.popleft()
+                continue
+            width = max(longest, len(seq.prompt))
+            if taken and width * (len(taken) + 1) > self.max_prefill_tokens:
+                break
+            taken.append(self._waiting.popleft())
+            longest = width
+        if taken:
+            self._prefill(taken, longest)
+
+    def _prefill(self, seqs: list[_Sequence], width: int) -> None:
+        first = len(self._rows)
+        pads = [width - len(s.prompt) for s in seqs]
+        ids_N_L = torch.tensor([[0] * pad + s.prompt for pad, s in zip(pads, seqs, strict=True)])
+        pads_N = torch.tensor(pads)
+        cols_L = torch.arange(width)
+        positions_N_L = (cols_L[None, :] - pads_N[:, None]).clamp_(min=0)
+        causal_L_L = cols_L[None, :] <= cols_L[:, None]
+        # Padding rows attend to themselves only, so no row is fully masked (that gives NaN).
+        mask_N_L_L = (causal_L_L[None] & (cols_L[None, None, :] >= pads_N[:, None, None])) | (
+            torch.eye(width, dtype=torch.bool)[None]
+        )
+        self._cache.reserve(first + len(seqs), width + 1)
+        self._cache.plan_prefill([(first + i, pad, width - pad) for i, pad in enumerate(pads)])
+        now = time.perf_counter()
+        for s in seqs:
+            s.started = now
+            s.cached = len(s.prompt)
+        self._rows.extend(seqs)
+        out = self.model(
+            input_ids=ids_N_L.to(self.device),
+            attention_mask=mask_N_L_L[:, None].to(self.device),
+            position_ids=positions_N_L.to(self.device),
+            past_key_values=self._cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self._advance(seqs, out.logits[:, -1])
+        self._retire()
+
+    def _decode(self) -> None:
+        rows = self._rows
+        cached = [s.cached for s in rows]
+        visible = max(cached) + 1
+        cols_B = torch.tensor(cached, device=self.device)
+        self._cache.reserve(len(rows), visible)
+        self._cache.plan_decode(cols_B, visible)
+        mask_B_V = self._columns[None, :visible] <= cols_B[:, None]
+        out = self.model(
+            input_ids=torch.tensor([s.last for s in rows], device=self.device)[:, None],
+            attention_mask=mask_B_V[:, None, None, :],
+            position_ids=cols_B[:, None],
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        for s in rows:
+            s.cached += 1
+        self._advance(rows, out.logits[:, -1])
+        self._retire()
+
+    def _advance(self, seqs: list[_Sequence], logits_B_V: torch.Tensor) -> None:
+        """Sample one token for each of `seqs` (aligned with the logits' rows) and emit it."""
+        picked = sample(logits_B_V, [s.row for s in seqs], self._shared_generator)
+        now = time.perf_counter()
+        version = self._version
+        for i, s in enumerate(seqs):
+            token = picked.token_ids[i]
+            s.output.append(token)
+            s.last = token
+            if s.first_token is None:
+                s.first_token = now
+            finish, stop_string = s.finish_after(token)
+            tops = None
+            if s.row.top_logprobs > 0:
+                tops = [[TopLogprob(t, lp) for t, lp in picked.top_logprobs[i]]]
+            s.emit(
+                TokenChunk(
+                    ids=[token],
+                    logprobs=[picked.logprobs[i]],
+                    versions=[version],
+                    top_logprobs=tops,
+                    finish_reason=finish,
+                    stop_string=stop_string,
+                    timings=s.timings(now) if finish is not None else None,
+                )
+            )
+            s.done = finish is not None
+
+    def _retire(self) -> None:
+        """Remove finished and abandoned rows, filling holes with rows from the end."""
+        rows = self._rows
+        alive = [s for s in rows if not (s.done or s.aborted)]
+        if len(alive) == len(rows):
+            return
+        if not alive:
+            self._rows = []
+            self._cache.clear()
+            return
+        keep = len(alive)
+        holes = [i for i in range(keep) if rows[i].done or rows[i].aborted]
+        movers = [i for i in range(keep, len(rows)) if not (rows[i].done or rows[i].aborted)]
+        for hole, mover in zip(holes, movers, strict=True):
+            self._cache.move_row(mover, hole, rows[mover].cached)
+            rows[hole] = rows[mover]
+        del rows[keep:]
+
+    def _fail_batch(self, error: Exception) -> None:
+        failure = EngineError(f"the engine failed during a forward pass: {error!r}")
+        for s in self._rows:
+            if not (s.done or s.aborted):
+                s.emit(failure)
+        self._rows = []
+        self._cache.clear()
+
+    def _shut_down(self) -> None:
+        with self._wakeup:
+            pending = [*self._rows, *self._waiting, *self._inbox]
+            updates = list(self._updates)
+            self._inbox.clear()
+            self._updates.clear()
+        now = time.perf_counter()
+        for s in pending:
+            if not (s.done or s.aborted):
+                s.emit(
+                    TokenChunk([], [], [], finish_reason=FinishReason.ABORT, timings=s.timings(now))
+                )
+        for update in updates:
+            update.resolve(EngineError("the engine closed before the weight update was applied"))
+        self._rows = []
+        self._waiting.clear()
+        self._cache.clear()
+
+
+def _emitter(
+    loop: asyncio.AbstractEventLoop,
+    queue: asyncio.Queue[TokenChunk | BaseException],
+    seq: _Sequence,
+) -> Callable[[TokenChunk | BaseException], None]:
+    """Deliver items from the engine thread into `queue` on the caller's loop."""
+
+    def emit(item: TokenChunk | BaseException) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+            seq.aborted = True
+
+    return emit
+
+
+def _join(items: list[TokenChunk | BaseException]) -> TokenChunk:
+    """Merge chunks that queued up while the consumer was busy; raise an engine failure."""
+    for item in items:
+        if isinstance(item, BaseException):
+            raise item
+    chunks: list[TokenChunk] = items  # type: ignore[assignment]
+    if len(chunks) == 1:
+        return chunks[0]
+    last = chunks[-1]
+    tops = None
+    if last.top_logprobs is not None:
+        tops = [t for c in chunks for t in (c.top_logprobs or [])]
+    return TokenChunk(
+        ids=[t for c in chunks for t in c.ids],
+        logprobs=[x for c in chunks for x in c.logprobs],
+        versions=[v for c in chunks for v in c.versions],
+        top_logprobs=tops,
+        finish_reason=last.finish_reason,
+        stop_string=last.stop_string,
+        timings=last.timings,
+    )
+
+
+def _pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """The torch dtype for `dtype`; "auto" is bf16 where it is fast (AMX CPU, bf16 GPU)."""
+    if dtype != "auto":
+        picked = getattr(torch, dtype, None)
+        if not isinstance(picked, torch.dtype) or not picked.is_floating_point:
+            raise InvalidRequest(f"unknown dtype {dtype!r}; use auto, float32 or bfloat16")
+        return picked
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    capabilities = getattr(torch.cpu, "get_capabilities", dict)()
+    return torch.bfloat16 if capabilities.get("amx_bf16") else torch.float32
+
+
+def _context_length(config: Any, max_context: int | None) -> int:
+    """The model's context (capped by a sliding window we do not apply, and by `max_context`)."""
+    limits = [
+        getattr(config, name, None)
+        for name in ("max_position_embeddings", "n_positions", "max_sequence_length")
+    ]
+    if getattr(config, "use_sliding_window", True):
+        # Our 4D masks span the whole context: a window shorter than it would be ignored.
+        limits.append(getattr(config, "sliding_window", None))
+    limits.append(max_context)
+    known = [int(x) for x in limits if isinstance(x, int) and x > 0]
+    if not known:
+        raise ModelError("the model config names no context length: pass max_context")
+    return min(known)
+
+
+def _read_checkpoint(path: str) -> dict[str, torch.Tensor]:
+    """The state dict stored in a Hugging Face checkpoint directory."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise InvalidRequest(f"checkpoint {path!r} is not a directory")
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        from safetensors.torch import load_file
+
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        return state
+    # Other formats (.bin shards, GGUF): let transformers read them the ordinary way.
+    return dict(AutoModelForCausalLM.from_pretrained(path).state_dict())
