@@ -1,0 +1,42 @@
+"""DirectClient: a real AsyncOpenAI bound to an in-process gateway app, no network."""
+
+from __future__ import annotations
+
+import pytest
+
+from relayrl.client import DirectClient
+from relayrl.engine.fake import FakeEngine
+from relayrl.gateway.app import create_app
+from relayrl.gateway.config import GatewayConfig
+from relayrl.gateway.server import build_deps
+
+
+@pytest.fixture
+def app(model_dir: str):
+    engine = FakeEngine(["first reply", "second reply"], tokenizer_path=model_dir)
+    return create_app(build_deps(GatewayConfig(model=model_dir, engine="fake", admin_key="k"),
+                                 engine=engine))
+
+
+async def test_direct_client_records_rewards_and_exports_like_the_http_path(app) -> None:
+    async with await DirectClient.open(app, task_id="direct") as client:
+        msgs = [{"role": "user", "content": "hello"}]
+        r1 = await client.chat.completions.create(model="m", messages=msgs)
+        msgs += [r1.choices[0].message.model_dump(), {"role": "user", "content": "more"}]
+        r2 = await client.chat.completions.create(model="m", messages=msgs)
+        assert (r1.choices[0].message.content, r2.choices[0].message.content) == (
+            "first reply", "second reply")
+        await client.set_reward(r1.id, 0.5)
+        await client.set_last_reward(1.0)
+        rows = await client.export_interactions(style="individual", discount=1.0)
+        assert [r["reward"] for r in rows] == [pytest.approx(1.5), pytest.approx(1.0)]
+        # export is idempotent: calling again (session already ended) gives the same rows
+        assert await client.export_interactions(style="individual") == rows
+
+
+async def test_direct_client_streams_through_the_same_routes(app) -> None:
+    async with await DirectClient.open(app) as client:
+        stream = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "s"}], stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert text == "first reply"
