@@ -9,7 +9,13 @@ from tests.gateway.test_openai_chat import call
 
 
 async def test_an_openai_agents_agent_uses_function_tools_through_the_gateway(gw: Gateway) -> None:
-    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from agents import (
+        Agent,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
 
     set_tracing_disabled(True)
     used: list[tuple[float, float]] = []

@@ -158,3 +158,20 @@ def test_an_edited_history_opens_a_sibling_segment(gw: Gateway) -> None:
     assert r1.choices[0].message.content == "first answer"
     session = gw.deps.store.get(s["session_id"])
     assert session.stats().branch_reasons.get("history_edited") == 1
+
+
+def test_an_aborted_session_gives_its_capacity_back_and_is_never_exported(model_dir: str) -> None:
+    g = fake_gateway(model_dir, max_staleness=0, batch_size=1)
+    try:
+        with g.admin() as c:
+            s = c.post("/rl/start_session", json={}).json()
+            assert c.post("/grant_capacity").json() == {"capacity": 0}
+            r = c.post("/rl/abort_session", json={"session_id": s["session_id"]})
+            assert r.json()["state"] == "aborted"
+            assert c.post("/grant_capacity").json() == {"capacity": 1}
+            r = c.post("/export_trajectories", json={"session_id": s["session_id"]})
+            assert r.status_code == 409
+        with pytest.raises(openai.ConflictError):
+            chat(g, s["api_key"], [{"role": "user", "content": "late"}])
+    finally:
+        g.thread.stop()

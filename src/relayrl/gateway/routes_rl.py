@@ -56,7 +56,7 @@ class ExportRequest(_Body):
     """Also acknowledge: the session is freed after this answer."""
 
 
-class AckExport(_Body):
+class SessionRef(_Body):
     session_id: str
 
 
@@ -154,11 +154,20 @@ async def export_trajectories(request: Request) -> dict[str, Any]:
     return result
 
 
+async def abort_session(request: Request) -> dict[str, Any]:
+    """Abort a session (a failed episode): never trained on, its capacity is given back."""
+    deps = _deps(request)
+    require_admin(deps, request)
+    body: SessionRef = await _body(request, SessionRef)
+    session = deps.store.abort(body.session_id)
+    return {"session_id": session.id, "state": str(session.state)}
+
+
 async def ack_export(request: Request) -> dict[str, Any]:
     """Acknowledge an export: the session is freed."""
     deps = _deps(request)
     require_admin(deps, request)
-    body: AckExport = await _body(request, AckExport)
+    body: SessionRef = await _body(request, SessionRef)
     _acknowledge(deps, body.session_id)
     return {"session_id": body.session_id, "state": "exported"}
 
@@ -189,6 +198,7 @@ def register(app: FastAPI) -> None:
         ("/rl/v1/finalize", finalize),
         ("/export_trajectories", export_trajectories),
         ("/rl/ack_export", ack_export),
+        ("/rl/abort_session", abort_session),
     ]
     for path, fn in post:
         app.add_api_route(path, fn, methods=["POST"])

@@ -1,1 +1,43 @@
-"""relayrl.workflow."""
+"""relayrl.workflow: episodes. `RolloutWorkflow`, agents as workflows, groups, context, dumps."""
+
+from relayrl.workflow import context as workflow_context
+from relayrl.workflow.agent import AgentConfig, AgentWorkflow
+from relayrl.workflow.base import EpisodeResult, RolloutWorkflow, is_interaction_dict, to_tensors
+from relayrl.workflow.context import EpisodeContext, episode_scope, stat_scope
+from relayrl.workflow.dump import TrajectoryDumper, tokenizer_decoder
+from relayrl.workflow.grouped import (
+    EpisodeOutcome,
+    EpisodeStatus,
+    GroupedWorkflow,
+    merge_results,
+    run_episode,
+)
+from relayrl.workflow.resolve import import_dotted, resolve_workflow
+from relayrl.workflow.reward import AsyncRewardWrapper
+from relayrl.workflow.tensors import TensorDict, concat_padded, validate_tensor_dict
+
+__all__ = [
+    "AgentConfig",
+    "AgentWorkflow",
+    "AsyncRewardWrapper",
+    "EpisodeContext",
+    "EpisodeOutcome",
+    "EpisodeResult",
+    "EpisodeStatus",
+    "GroupedWorkflow",
+    "RolloutWorkflow",
+    "TensorDict",
+    "TrajectoryDumper",
+    "concat_padded",
+    "episode_scope",
+    "import_dotted",
+    "is_interaction_dict",
+    "merge_results",
+    "resolve_workflow",
+    "run_episode",
+    "stat_scope",
+    "to_tensors",
+    "tokenizer_decoder",
+    "validate_tensor_dict",
+    "workflow_context",
+]

@@ -1,0 +1,85 @@
+"""The seeds' math agent: an openai-agents `Agent` with `add` and `multiply` tools.
+
+It is ordinary agent code: it takes an OpenAI-compatible `base_url` and `api_key` (from
+`extra_kwargs`, or from the environment in subprocess mode) and returns a reward, 1.0 when the
+last number of its final answer is the right one. Nothing here imports relayrl except the
+reward wrapper, which keeps the (synchronous) grader off the event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from agents import (
+    Agent,
+    MaxTurnsExceeded,
+    ModelBehaviorError,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
+from openai import AsyncOpenAI
+
+from relayrl.workflow import AsyncRewardWrapper
+
+INSTRUCTIONS = ("You are a careful calculator. Use the add and multiply tools for every step, "
+                "then answer with the final number only.")
+
+
+@function_tool
+def add(a: float, b: float) -> float:
+    """Add two numbers."""
+    return a + b
+
+
+@function_tool
+def multiply(a: float, b: float) -> float:
+    """Multiply two numbers."""
+    return a * b
+
+
+def check_answer(text: str, answer: str) -> float:
+    """1.0 if the last number in `text` equals `answer`, else 0.0."""
+    numbers = re.findall(r"-?\d+(?:\.\d+)?", text.replace(",", ""))
+    return 1.0 if numbers and float(numbers[-1]) == float(answer) else 0.0
+
+
+class MathAgent:
+    """Solves one arithmetic question with tools; `run` returns its reward."""
+
+    def __init__(self, model: str = "default", max_tokens: int = 96, max_turns: int = 6,
+                 temperature: float = 1.0) -> None:
+        self.model = model
+        self.max_tokens = max_tokens
+        self.max_turns = max_turns
+        self.temperature = temperature
+        self.reward = AsyncRewardWrapper(check_answer, timeout_s=5.0)
+
+    async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
+        """Answer `data["messages"]`; the reward compares the answer with `data["answer"]`."""
+        set_tracing_disabled(True)  # the SDK would otherwise upload traces to OpenAI
+        client = AsyncOpenAI(
+            base_url=extra_kwargs.get("base_url") or os.environ["OPENAI_BASE_URL"],
+            api_key=extra_kwargs.get("api_key") or os.environ["OPENAI_API_KEY"],
+            http_client=extra_kwargs.get("http_client"),
+            max_retries=0,
+        )
+        agent = Agent(
+            name="calculator",
+            instructions=INSTRUCTIONS,
+            tools=[add, multiply],
+            model=OpenAIChatCompletionsModel(model=self.model, openai_client=client),
+            model_settings=ModelSettings(max_tokens=self.max_tokens,
+                                         temperature=self.temperature),
+        )
+        try:
+            result = await Runner.run(agent, data["messages"], max_turns=self.max_turns)
+        except (MaxTurnsExceeded, ModelBehaviorError):
+            # the policy never answered, or called a tool that does not exist: a wrong answer,
+            # not a broken episode
+            return 0.0
+        return await self.reward(str(result.final_output), data["answer"])

@@ -1,0 +1,200 @@
+"""`AgentWorkflow`: any object with `async def run(data, **extra_kwargs)` as an RL episode.
+
+Per episode: wait for capacity on the gateway, open a session, run the agent with the session's
+`base_url` and `api_key` (and, inline, a shared `http_client`), turn its return value into
+rewards (a number: the last call; a dict: per call id; None: the agent set rewards over HTTP),
+end the session and export its rows. The agent never learns it is being trained.
+
+Two modes. *inline*: `run` is a coroutine on the rollout process's event loop (cheap, but it
+must be async and must not block). *subprocess*: `run` goes to a worker process with
+`OPENAI_BASE_URL` / `OPENAI_API_KEY` set, may be synchronous, and can be killed on timeout; the
+agent is pickled once, up front, so an unpicklable agent fails before any episode starts.
+
+Whatever happens to the agent (it raises, hangs, is cancelled), the session is ended and
+released on the gateway: a failed episode is aborted, and its calls are never trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import inspect
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from relayrl.client.session_client import SessionClient, SessionHandle
+from relayrl.errors import CapacityExhausted, ConfigError, InvalidRequest
+from relayrl.trajectory import EXPORT_STYLES, SCHEMA_VERSION, TrajectoryRow, row_from_dict
+from relayrl.workflow.base import RolloutWorkflow
+from relayrl.workflow.context import EpisodeContext
+from relayrl.workflow.context import get as current_context
+from relayrl.workflow.subproc import SubprocessPool, pickle_agent
+
+log = logging.getLogger(__name__)
+
+MODES = ("inline", "subprocess")
+CREDIT_RULES = ("discount", "outcome", "returns_to_go")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """How an agent is run and exported."""
+
+    mode: str = "inline"               # "inline" (coroutine here) or "subprocess" (worker pool)
+    subproc_max_workers: int = 4       # worker processes in subprocess mode
+    export_style: str = "concat"       # "concat" (a row per segment path) or "individual"
+    credit: str = "discount"           # credit rule applied at export
+    discount: float = 1.0              # γ of the discount rule
+    capacity_wait_s: float = 60.0      # how long to wait for gateway capacity before aborting
+    capacity_poll_s: float = 0.25      # pause between capacity checks
+    http_timeout_s: float = 600.0      # per request on the shared http_client (slow CPU models)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"agent mode {self.mode!r} is not one of {list(MODES)}")
+        if self.export_style not in EXPORT_STYLES:
+            raise ConfigError(f"export_style {self.export_style!r} is not one of "
+                              f"{list(EXPORT_STYLES)}")
+        if self.credit not in CREDIT_RULES:
+            raise ConfigError(f"credit {self.credit!r} is not one of {list(CREDIT_RULES)}")
+        if (self.subproc_max_workers < 1 or self.capacity_poll_s <= 0
+                or self.capacity_wait_s < 0 or self.http_timeout_s <= 0):
+            raise ConfigError("need subproc_max_workers >= 1, capacity_poll_s > 0, "
+                              "capacity_wait_s >= 0, http_timeout_s > 0")
+
+
+def has_run(obj: Any) -> bool:
+    """Whether `obj` looks like an agent (it has a callable `run`)."""
+    return callable(getattr(obj, "run", None))
+
+
+class AgentWorkflow(RolloutWorkflow):
+    """Runs `agent.run(data, base_url=..., api_key=..., ...)` against a gateway, one session each."""
+
+    def __init__(self, agent: Any, client: SessionClient,
+                 config: AgentConfig | None = None) -> None:
+        config = config or AgentConfig()
+        if not has_run(agent):
+            raise InvalidRequest(f"{type(agent).__qualname__} has no run(data, **kwargs) method")
+        if config.mode == "inline" and not inspect.iscoroutinefunction(agent.run):
+            raise ConfigError(f"{type(agent).__qualname__}.run is synchronous; inline mode "
+                              "needs `async def run`, or use mode='subprocess'")
+        self.agent = agent
+        self.client = client
+        self.config = config
+        self._agent_bytes = pickle_agent(agent) if config.mode == "subprocess" else b""
+        self._pool = (SubprocessPool(config.subproc_max_workers)
+                      if config.mode == "subprocess" else None)
+        self._cleanups: set[asyncio.Task[None]] = set()
+        self._http: httpx.AsyncClient | None = None
+
+    @property
+    def http_client(self) -> httpx.AsyncClient:
+        """The client shared by inline agents: no connection cap, a generation-sized timeout.
+
+        Not the SessionClient's own: the openai SDK adopts a custom client's timeout, and admin
+        calls want a short one while a CPU model may take minutes to answer.
+        """
+        if self._http is None:
+            self._http = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.config.http_timeout_s, connect=30.0),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        return self._http
+
+    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, TrajectoryRow] | None:
+        """One session: run the agent, set rewards, export; None when it made no calls."""
+        ctx = current_context()
+        session = await self._open_session(ctx)
+        exported = False
+        try:
+            value = await self._run_agent(session, data)
+            await self._apply_rewards(session, value)
+            await self.client.end_session(session)
+            rows = await self.client.export(session.session_id, style=self.config.export_style,
+                                            credit=self.config.credit,
+                                            discount=self.config.discount, ack=True)
+            exported = True
+        finally:
+            if not exported:
+                await self._release(session)
+        parsed = [row_from_dict({"schema_version": SCHEMA_VERSION, **r}) for r in rows]
+        return {r.interaction_ids[-1]: r for r in parsed} or None
+
+    async def _open_session(self, ctx: EpisodeContext) -> SessionHandle:
+        """Wait (bounded) for capacity, then start a session tagged with the episode's ids."""
+        c = self.config
+        meta = {"episode_id": ctx.episode_id, "group_id": ctx.group_id,
+                "sample_index": ctx.sample_index, "is_eval": ctx.is_eval}
+        deadline = time.monotonic() + c.capacity_wait_s
+        for _ in range(int(c.capacity_wait_s / c.capacity_poll_s) + 2):
+            if await self.client.grant_capacity() > 0:
+                with contextlib.suppress(CapacityExhausted):  # another episode took the slot
+                    return await self.client.start_session(ctx.task_id or None, meta)
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(c.capacity_poll_s)
+        raise CapacityExhausted(f"the gateway granted no capacity within {c.capacity_wait_s} s")
+
+    async def _run_agent(self, session: SessionHandle, data: dict[str, Any]) -> Any:
+        if self._pool is not None:
+            env = {"OPENAI_BASE_URL": session.base_url, "OPENAI_API_KEY": session.api_key}
+            kwargs = {"base_url": session.base_url, "api_key": session.api_key}
+            return await self._pool.run(self._agent_bytes, data, env, kwargs)
+        # a deep copy: group members share one data item and agents may edit theirs
+        return await self.agent.run(copy.deepcopy(data), base_url=session.base_url,
+                                    api_key=session.api_key, http_client=self.http_client)
+
+    async def _apply_rewards(self, session: SessionHandle, value: Any) -> None:
+        if value is None:
+            return  # the agent set its rewards over HTTP (or leaves them to credit rules)
+        if isinstance(value, dict):
+            for interaction_id, reward in value.items():
+                await self.client.set_reward(session, _reward(reward, f"reward of "
+                                                                     f"{interaction_id!r}"),
+                                             interaction_id=str(interaction_id))
+            return
+        await self.client.set_reward(session, _reward(value, "agent.run's return value"))
+
+    async def _release(self, session: SessionHandle) -> None:
+        """End and drop a session whose episode failed; survives its own cancellation."""
+        task = asyncio.ensure_future(self._discard(session))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+        await asyncio.shield(task)
+
+    async def _discard(self, session: SessionHandle) -> None:
+        # the gateway has no abort route yet: ending + acknowledging frees the session without
+        # anything being exported from it (the controller counts the episode as aborted)
+        for step in (lambda: self.client.end_session(session),
+                     lambda: self.client.ack_export(session.session_id)):
+            try:
+                await step()
+            except Exception as e:  # already closed, gateway gone: nothing more to free
+                log.debug("releasing session %s: %s", session.session_id, e)
+
+    async def aclose(self) -> None:
+        """Wait for session releases in flight, then stop the worker processes."""
+        if self._cleanups:
+            await asyncio.gather(*self._cleanups, return_exceptions=True)
+        if self._pool is not None:
+            await self._pool.aclose()
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+
+def _reward(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequest(
+            f"{what} is a {type(value).__name__}; agent.run must return a number (reward of "
+            "the last call), a dict interaction id -> number, or None (rewards set over HTTP)"
+        )
+    if not math.isfinite(value):
+        raise InvalidRequest(f"{what} is {value}; rewards must be finite")
+    return float(value)

@@ -1,0 +1,75 @@
+"""`RolloutWorkflow`: one episode from one data item, and what an episode may return.
+
+An episode returns a tensor dict (seed 004's fields), a dict of `TrajectoryRow`s keyed by
+interaction id (what the gateway exports), or `None` to reject itself. `to_tensors` turns any of
+these into one labelled tensor dict, so everything after the episode (grouping, batching,
+dumps) handles a single form. Exceptions are not a return value: an episode that raises is
+*aborted* by whoever runs it, and never becomes a row with reward 0.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+from relayrl.errors import InvalidRequest
+from relayrl.trajectory import TrajectoryRow, to_tensor_dict
+from relayrl.workflow.context import EpisodeContext
+from relayrl.workflow.tensors import TensorDict, validate_tensor_dict, with_labels
+
+EpisodeResult = TensorDict | dict[str, TrajectoryRow] | None
+"""What `arun_episode` returns: tensors, rows keyed by interaction id, or None (rejected)."""
+
+
+class RolloutWorkflow(ABC):
+    """Turns one data item into training rows."""
+
+    @abstractmethod
+    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> EpisodeResult:
+        """Run one episode on `data`; return tensors, interaction rows, or None to reject it."""
+
+    async def aclose(self) -> None:
+        """Release what the workflow holds (process pools, clients); idempotent."""
+        return None  # an optional hook: most workflows hold nothing
+
+
+def is_interaction_dict(result: Any) -> bool:
+    """Whether `result` is a non-empty dict of `TrajectoryRow`s."""
+    return (isinstance(result, Mapping) and bool(result)
+            and all(isinstance(v, TrajectoryRow) for v in result.values()))
+
+
+def to_tensors(result: EpisodeResult, ctx: EpisodeContext) -> TensorDict | None:
+    """One episode's result as a validated, labelled tensor dict (None if rejected or empty).
+
+    Rows that carry their own episode and group (in their metadata, or in the session metadata
+    the agent workflow sets) keep them; everything else is labelled with `ctx`.
+    """
+    if result is None or (isinstance(result, Mapping) and not result):
+        return None
+    if is_interaction_dict(result):
+        rows = list(result.values())  # type: ignore[union-attr]
+        td: TensorDict = dict(to_tensor_dict(rows))
+        td["episode_ids"] = tuple(_row_label(r, "episode_id", ctx.episode_id) for r in rows)
+        td["group_ids"] = tuple(_row_label(r, "group_id", ctx.group_id) for r in rows)
+        return td
+    if isinstance(result, Mapping) and any(isinstance(v, TrajectoryRow)
+                                           for v in result.values()):
+        bad = next(k for k, v in result.items() if not isinstance(v, TrajectoryRow))
+        raise InvalidRequest(f"interaction dict entry {bad!r} is not a TrajectoryRow")
+    if not isinstance(result, Mapping):
+        raise InvalidRequest(
+            f"arun_episode returned a {type(result).__name__}; expected a tensor dict, "
+            "a dict of TrajectoryRow keyed by interaction id, or None"
+        )
+    validate_tensor_dict(result)
+    return with_labels(result, ctx.episode_id, ctx.group_id)
+
+
+def _row_label(row: TrajectoryRow, key: str, default: str) -> str:
+    """The row's own label (its metadata, then its session's metadata), else `default`."""
+    session_meta = row.metadata.get("session")
+    value = row.metadata.get(key) or (session_meta.get(key)
+                                      if isinstance(session_meta, Mapping) else None)
+    return str(value) if value else default

@@ -1,0 +1,85 @@
+"""`resolve_workflow`: whatever the user passed, as one `RolloutWorkflow`.
+
+Accepted, in this order: a `RolloutWorkflow` instance; a `RolloutWorkflow` subclass (built with
+`kwargs`); a dotted path `"package.module.Name"` (or `"package.module:Name"`) naming either of
+those or an agent; an agent (any object or class with `run`), wrapped in `AgentWorkflow`. With
+`group_size > 1` the result is wrapped in `GroupedWorkflow`. Anything else is refused with a
+message that lists what would have been accepted.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from relayrl.client.session_client import SessionClient
+from relayrl.errors import ConfigError
+from relayrl.workflow.agent import AgentConfig, AgentWorkflow, has_run
+from relayrl.workflow.base import RolloutWorkflow
+from relayrl.workflow.grouped import GroupedWorkflow
+
+EXPECTED = ("a RolloutWorkflow instance, a RolloutWorkflow subclass (with kwargs), a dotted "
+            "path 'module.Name', or an agent: an object or class with "
+            "`async def run(data, **extra_kwargs)`")
+
+
+def resolve_workflow(workflow: Any, kwargs: dict[str, Any] | None = None, group_size: int = 1,
+                     *, gateway: SessionClient | None = None,
+                     agent_config: AgentConfig | None = None) -> RolloutWorkflow:
+    """`workflow` as a RolloutWorkflow; agents need `gateway` (a SessionClient) to run against."""
+    if group_size < 1:
+        raise ConfigError(f"group_size must be >= 1, got {group_size}")
+    resolved = _resolve(workflow, dict(kwargs or {}), gateway, agent_config, depth=0)
+    if group_size > 1 and not isinstance(resolved, GroupedWorkflow):
+        resolved = GroupedWorkflow(resolved, group_size)
+    elif isinstance(resolved, GroupedWorkflow) and resolved.group_size != group_size:
+        raise ConfigError(f"the workflow is grouped by {resolved.group_size}, but "
+                          f"group_size={group_size} was asked for")
+    return resolved
+
+
+def _resolve(obj: Any, kwargs: dict[str, Any], gateway: SessionClient | None,
+             agent_config: AgentConfig | None, depth: int) -> RolloutWorkflow:
+    if isinstance(obj, str):
+        if depth > 0:
+            raise ConfigError(f"{obj!r} resolves to another string; expected {EXPECTED}")
+        return _resolve(import_dotted(obj), kwargs, gateway, agent_config, depth + 1)
+    if isinstance(obj, type):
+        if issubclass(obj, RolloutWorkflow) or has_run(obj):
+            try:
+                instance = obj(**kwargs)
+            except TypeError as e:
+                raise ConfigError(f"cannot build {obj.__qualname__} with kwargs "
+                                  f"{sorted(kwargs)}: {e}") from e
+            return _resolve(instance, {}, gateway, agent_config, depth + 1)
+        raise ConfigError(f"class {obj.__qualname__} is neither a RolloutWorkflow nor an agent "
+                          f"with run(); expected {EXPECTED}")
+    if kwargs:
+        raise ConfigError(f"kwargs {sorted(kwargs)} were given with an instance of "
+                          f"{type(obj).__qualname__}; pass the class to have them used")
+    if isinstance(obj, RolloutWorkflow):
+        return obj
+    if has_run(obj):
+        if gateway is None:
+            raise ConfigError(f"agent {type(obj).__qualname__} needs a gateway to run against: "
+                              "pass gateway=SessionClient(...)")
+        return AgentWorkflow(obj, gateway, agent_config)
+    raise ConfigError(f"cannot use a {type(obj).__qualname__} as a workflow; expected {EXPECTED}")
+
+
+def import_dotted(path: str) -> Any:
+    """The object a dotted path names (`pkg.mod.Name` or `pkg.mod:Name`); ConfigError if none."""
+    module_name, sep, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    if not module_name or not attr or not sep:
+        raise ConfigError(f"workflow path {path!r} is not of the form 'module.Name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"workflow path {path!r}: cannot import module {module_name!r} "
+                          f"({e})") from e
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"workflow path {path!r}: {module_name!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    return obj
