@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from relayrl.engine import load_engine, local
 from relayrl.engine.local import LocalEngine
 from relayrl.errors import ContextLengthExceeded, EngineError, InvalidRequest
 from relayrl.types import FinishReason, GenerateOutput, GenerateRequest, SamplingParams
@@ -18,15 +19,27 @@ pytestmark = pytest.mark.slow
 
 CONTEXT = 256
 """The fp32 engine's context, capped so the context-length tests stay cheap."""
+THREADS = 1
+"""One torch thread: with two, any other busy process on a 2-core machine slows every op ~10x
+(OpenMP barriers wait for a descheduled thread); one thread is ~1.5x slower when idle."""
 BF16_LOGPROB_BOUND = 0.25
 """bf16 engine vs a fresh bf16 forward pass: both round logits to bf16 (steps of 1/16 to 1/8
 near |logit| 10-20), and the cached and uncached paths round differently."""
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread_here() -> Iterator[None]:
+    """Reference passes run in the test's thread: give it one torch thread too (see THREADS)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def engine(model_dir: str) -> Iterator[LocalEngine]:
     """An fp32 engine shared by the module (exactness tests need fp32)."""
-    e = LocalEngine(model_dir, dtype="float32", seed=0, max_context=CONTEXT)
+    e = LocalEngine(model_dir, dtype="float32", seed=0, max_context=CONTEXT, num_threads=THREADS)
     yield e
     e.close()
 
@@ -100,14 +113,56 @@ async def test_concurrent_requests_of_different_lengths_match_running_alone(
     ]
 
     async def late(p: list[int], n: int, delay: float) -> GenerateOutput:
-        await asyncio.sleep(delay)  # join a batch that is already decoding
+        await asyncio.sleep(delay)
         return await engine.generate(request(p, max_new_tokens=n, temperature=0))
 
+    # The first two arrive together (one left-padded prefill); the others join a batch that is
+    # already decoding; rows leave out of order (the shortest request is last).
+    delays = [0.0, 0.0, 0.05, 0.1]
     together = await asyncio.gather(
-        *(late(p, n, 0.05 * i) for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)))
+        *(late(p, n, d) for p, n, d in zip(prompts, lengths, delays, strict=True))
     )
     assert [o.output_ids for o in together] == [o.output_ids for o in alone]
     assert [len(o.output_ids) for o in together] == lengths
+
+
+async def test_batch_limit_prefill_budget_and_cache_growth_keep_outputs_exact(
+    model_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 8 rows at most and 100 prompt tokens per prefill: requests queue, join two at a time, the
+    # cache grows from 4 to 8 rows while others decode, and a 300-token prompt widens it past
+    # its first 256 columns.
+    growths: list[tuple[torch.Size, torch.Size]] = []
+    grow = local._SlotLayer.lazy_initialization
+
+    def spy(layer: local._SlotLayer, keys: torch.Tensor, values: torch.Tensor) -> None:
+        before = None if layer.keys is None else layer.keys.shape
+        grow(layer, keys, values)
+        if before is not None:
+            growths.append((before, layer.keys.shape))
+
+    monkeypatch.setattr(local._SlotLayer, "lazy_initialization", spy)
+    small = load_engine(
+        "local",
+        model_dir,
+        dtype="float32",
+        max_batch_size=8,
+        max_prefill_tokens=100,
+        num_threads=THREADS,
+    )
+    assert isinstance(small, LocalEngine)
+    try:
+        prompts = [chat(small, f"Say something about the number {i}.") for i in range(6)]
+        prompts.append(chat(small, "Summarise: " + "the quick brown fox " * 60))
+        reqs = [request(p, max_new_tokens=6 + i % 3, temperature=0) for i, p in enumerate(prompts)]
+        alone = [await small.generate(r) for r in reqs]
+        growths.clear()
+        together = await asyncio.gather(*map(small.generate, reqs))
+    finally:
+        await small.aclose()
+    assert [o.output_ids for o in together] == [o.output_ids for o in alone]
+    assert any(new[0] > old[0] for old, new in growths)  # more rows, kept while decoding
+    assert any(new[2] > old[2] > 0 for old, new in growths)  # more columns
 
 
 async def test_seeded_sampling_is_reproducible_whatever_the_batch_mates(
@@ -217,9 +272,10 @@ async def test_changed_weights_change_outputs_and_a_checkpoint_restores_them(
     prompt = chat(engine, "Name a planet.")
     params = {"max_new_tokens": 8, "temperature": 0}
     original = await engine.generate(request(prompt, **params))
-    saved = {k: v.clone().contiguous() for k, v in engine.model.state_dict().items()}
-    save_file({k: v for k, v in saved.items() if k != "lm_head.weight"}, tmp_path / "model.safetensors")
-    noisy = {k: v + 0.05 * torch.randn_like(v) for k, v in saved.items() if "mlp" in k}
+    names = [f"model.layers.{i}.mlp.down_proj.weight" for i in range(3)]
+    saved = {k: engine.model.state_dict()[k].clone().contiguous() for k in names}
+    save_file(saved, tmp_path / "model.safetensors")  # a partial checkpoint: these weights only
+    noisy = {k: v + 0.05 * torch.randn_like(v) for k, v in saved.items()}
     try:
         v1 = await engine.update_weights(noisy, version=100)
         changed = await engine.generate(request(prompt, **params))
@@ -295,7 +351,7 @@ async def test_leaving_the_stream_early_frees_the_slot(engine: LocalEngine) -> N
 
 
 async def test_aclose_aborts_requests_in_flight(model_dir: str) -> None:
-    engine = LocalEngine(model_dir, dtype="float32", max_context=CONTEXT)
+    engine = LocalEngine(model_dir, dtype="float32", max_context=CONTEXT, num_threads=THREADS)
     prompt = chat(engine, "Write a long story.")
     first_tokens = asyncio.Event()
 
@@ -315,15 +371,42 @@ async def test_aclose_aborts_requests_in_flight(model_dir: str) -> None:
         await engine.generate(request(prompt, max_new_tokens=2))
 
 
-async def test_default_dtype_engine_logprobs_match_its_own_forward(model_dir: str) -> None:
-    engine = LocalEngine(model_dir, max_context=CONTEXT)
+async def test_default_dtype_engine_matches_its_own_forward_and_follows_weight_updates(
+    model_dir: str,
+) -> None:
+    engine = LocalEngine(model_dir, max_context=CONTEXT, num_threads=THREADS)
     try:
         amx = getattr(torch.cpu, "get_capabilities", dict)().get("amx_bf16", False)
         assert engine.dtype == (torch.bfloat16 if amx else torch.float32)
+        assert (engine.packed_linears > 0) == (engine.dtype == torch.bfloat16)
         prompt = chat(engine, "What is the capital of France?")
         out = await engine.generate(request(prompt, max_new_tokens=12, temperature=0))
         ref = forward_logprobs(engine.model, prompt, out.output_ids, 1.0)
+        # New weights reach the (prepacked) linear layers, and the old ones come back.
+        name = "model.layers.0.mlp.down_proj.weight"
+        saved = engine.model.state_dict()[name].clone()
+        await engine.update_weights({name: saved + 0.05 * torch.randn_like(saved)})
+        changed = await engine.generate(request(prompt, max_new_tokens=12, temperature=0))
+        await engine.update_weights({name: saved})
+        restored = await engine.generate(request(prompt, max_new_tokens=12, temperature=0))
     finally:
         await engine.aclose()
     bound = BF16_LOGPROB_BOUND if engine.dtype == torch.bfloat16 else 1e-4
     assert max(abs(a - b) for a, b in zip(out.logprobs, ref, strict=True)) <= bound
+    moved = [abs(a - b) for a, b in zip(changed.logprobs, out.logprobs, strict=False)]
+    assert changed.output_ids != out.output_ids or max(moved) > 0.05
+    assert restored.output_ids == out.output_ids and restored.logprobs == out.logprobs
+
+
+def test_prepacked_bf16_linears_track_in_place_weight_changes_and_autograd() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(64, 48)).bfloat16()
+    linear = model[0]
+    x = torch.randn(5, 64).bfloat16()
+    plain = torch.nn.functional.linear
+    assert local._pack_linears(model) == 1
+    with torch.no_grad():
+        assert torch.equal(linear(x), plain(x, linear.weight, linear.bias))
+        linear.weight.mul_(-2)  # an optimizer step or update_weights does this in place
+        assert torch.equal(linear(x), plain(x, linear.weight, linear.bias))
+    linear(x).float().sum().backward()  # grad on: the ordinary differentiable path
+    assert linear.weight.grad is not None

@@ -42,6 +42,9 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -206,11 +209,18 @@ def canonical_message(m: Message) -> str:
     the same rules, so a parent it finds is one `extend` accepts. History is always re-rendered
     from the stored messages, so nothing forgiven here changes a prompt's tokens.
     """
-    calls = [[c.id, c.name, _canonical_arguments(c.arguments)] for c in m.tool_calls]
-    return json.dumps(
-        [m.role, (m.content or "").strip(), calls, m.tool_call_id or "", m.name or ""],
-        ensure_ascii=False, separators=(",", ":"),
-    )
+    # Length-prefixed fields (`len:value`, optional ones tagged): unambiguous, and far cheaper
+    # than JSON; `extend` compares every message of the history on every call.
+    role, content = m.role, (m.content or "").strip()
+    text = f"{len(role)}:{role}{len(content)}:{content}"
+    if m.tool_call_id:
+        text += f"i{len(m.tool_call_id)}:{m.tool_call_id}"
+    if m.name:
+        text += f"n{len(m.name)}:{m.name}"
+    for c in m.tool_calls:
+        args = _canonical_arguments(c.arguments)
+        text += f"t{len(c.id)}:{c.id}{len(c.name)}:{c.name}{len(args)}:{args}"
+    return text
 
 
 def _canonical_arguments(arguments: str | None) -> str:
@@ -279,6 +289,122 @@ def _generation_eos_ids(folder: Path) -> tuple[int, ...]:
     return ()
 
 
+PIECE_CACHE_CHARS = 1 << 21
+"""Characters of text pieces whose ids a `PieceEncoder` keeps (2M: at most a few tens of MB)."""
+PIECE_CACHE_MAX_PIECE = 1 << 16
+"""Pieces longer than this (a huge tool result) are encoded every time rather than cached."""
+
+
+class PieceEncoder:
+    """`Tokenizer.encode(text, add_special_tokens=False)`, split on added tokens, with a piece cache.
+
+    HF tokenizers first splits a text on its added tokens (`<|im_start|>`, ...) and normalizes,
+    pre-tokenizes and encodes each piece between them on its own. Chat prompts repeat the same
+    pieces call after call (the system prompt, every earlier turn), so this does the split itself
+    (leftmost-longest, as HF's matcher) and keeps each piece's ids in a bounded LRU cache: a
+    growing conversation only encodes its new turns. The tradeoff is that it is exact only when
+    the split is all there is to it: no added token strips whitespace, matches single words or is
+    matched after normalization, and nothing treats the first piece of a text specially
+    (Metaspace `prepend_scheme="first"`, truncation, padding). `for_tokenizer` returns None for
+    other tokenizers, and for any tokenizer it fails on a probe text.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, max_chars: int = PIECE_CACHE_CHARS) -> None:
+        self._tok = tokenizer
+        self._added = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()
+                       if t.content}
+        # Longest first: at one position the alternation takes the longest token, and the scan
+        # takes the leftmost position, which is HF's leftmost-longest matching.
+        alternatives = sorted(self._added, key=len, reverse=True)
+        self._split = (re.compile("(" + "|".join(map(re.escape, alternatives)) + ")")
+                       if alternatives else None)
+        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._chars = 0
+        self.max_chars = max_chars
+        # One lock per `encode` (not per piece): the gateway's thread never waits on it, and
+        # trainer threads sharing a renderer cannot corrupt the cache or its size.
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Tokenizer) -> PieceEncoder | None:
+        """A `PieceEncoder` for `tokenizer`, or None when splitting could change the ids."""
+        added = tokenizer.get_added_tokens_decoder().values()
+        if any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in added):
+            return None
+        if getattr(tokenizer, "encode_special_tokens", False):
+            return None  # special tokens are then encoded as text: no split on them
+        if tokenizer.truncation is not None or tokenizer.padding is not None:
+            return None
+        pre = tokenizer.pre_tokenizer
+        if pre is not None and '"first"' in pre.__getstate__().decode(errors="replace"):
+            return None  # Metaspace prepends only to a text's first piece
+        encoder = cls(tokenizer)
+        if any(t.content and tokenizer.token_to_id(t.content) != i
+               for i, t in tokenizer.get_added_tokens_decoder().items()):
+            return None
+        for text in encoder._probes():
+            if encoder.encode(text) != tokenizer.encode(text, add_special_tokens=False).ids:
+                return None
+        encoder.clear()
+        return encoder
+
+    def _probes(self) -> list[str]:
+        tokens = sorted(self._added, key=len)[:4] + sorted(self._added, key=len)[-2:]
+        glued = [f"x{t} y\n{t}\n  z {t}{t}é\t" for t in tokens]
+        return [*glued, "".join(tokens) + " tail", " lead  and trail  ", "\n\nword"]
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`, equal to the tokenizer's `encode(text, add_special_tokens=False).ids`."""
+        # With a capturing group, split alternates text piece, added token, text piece, ...
+        parts = self._split.split(text) if self._split is not None else [text]
+        with self._lock:
+            cache = self._cache
+            missing = [p for p in dict.fromkeys(parts[::2]) if p and p not in cache]
+            fresh = dict(zip(missing, self._encode_pieces(missing), strict=True))
+            ids: list[int] = []
+            for i, p in enumerate(parts):
+                if i & 1:
+                    ids.append(self._added[p])
+                elif p:
+                    got = fresh.get(p)
+                    if got is None:
+                        got = cache[p]
+                        cache.move_to_end(p)
+                    ids.extend(got)
+            for p, got in fresh.items():
+                self._remember(p, got)
+        return ids
+
+    def _encode_pieces(self, pieces: list[str]) -> list[tuple[int, ...]]:
+        if not pieces:
+            return []
+        if len(pieces) == 1:
+            return [tuple(self._tok.encode(pieces[0], add_special_tokens=False).ids)]
+        return [tuple(e.ids) for e in self._tok.encode_batch(pieces, add_special_tokens=False)]
+
+    def _remember(self, piece: str, ids: tuple[int, ...]) -> None:
+        if len(piece) > PIECE_CACHE_MAX_PIECE or piece in self._cache:
+            return
+        self._cache[piece] = ids
+        self._chars += len(piece)
+        for _ in range(len(self._cache)):  # evict least recently used until within budget
+            if self._chars <= self.max_chars:
+                break
+            old, _ids = self._cache.popitem(last=False)
+            self._chars -= len(old)
+
+    @property
+    def cached_chars(self) -> int:
+        """Characters of text whose ids are cached now (never more than `max_chars`)."""
+        return self._chars
+
+    def clear(self) -> None:
+        """Forget every cached piece."""
+        with self._lock:
+            self._cache.clear()
+            self._chars = 0
+
+
 @dataclass(frozen=True)
 class _TurnEnd:
     """What the template writes after an assistant reply's content, found by probing."""
@@ -305,6 +431,10 @@ class Renderer:
         self._templates = dict(templates)
         self.special_tokens = dict(special_tokens)
         """Named special tokens (bos_token, eos_token, ...) as the template sees them."""
+        self.deterministic: bool = not any("strftime_now" in t or "random" in t
+                                           for t in self._templates.values())
+        """Whether the same conversation always renders to the same text: False when a template
+        may read the clock (`strftime_now`) or draw at random, so renders must not be cached."""
         self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
         """Size of the tokenizer's vocabulary (the model's embedding may be padded larger)."""
         self._added = {
@@ -317,6 +447,7 @@ class Renderer:
         if eos_id is None:
             raise ModelError("the tokenizer has no eos token (tokenizer_config.json eos_token)")
         self.eos_token_id: int = eos_id
+        self._pieces = PieceEncoder.for_tokenizer(tokenizer)
         self._turn_end = self._probe_turn_end()
         stops = [eos_id]
         if self._turn_end is not None and self._turn_end.token_id is not None:
@@ -440,7 +571,9 @@ class Renderer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; special tokens spelled in it become their ids, none are added."""
-        return self._tok.encode(text, add_special_tokens=False).ids
+        if self._pieces is None:
+            return self._tok.encode(text, add_special_tokens=False).ids
+        return self._pieces.encode(text)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of `ids` (special tokens kept unless asked otherwise, as HF's `decode`)."""

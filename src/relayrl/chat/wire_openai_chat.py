@@ -12,6 +12,7 @@ sampling checks, the OpenAI error body), since both speak OpenAI's conventions.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -32,6 +33,7 @@ from relayrl.chat.conversation import (
     ParsedReply,
     ReasoningDelta,
     ReplyDelta,
+    Role,
     Tool,
     ToolCall,
     ToolCallDelta,
@@ -110,9 +112,13 @@ def parse_model(model: type[M], raw: Any) -> M:
         raise invalid(f"{where or 'body'}: {err['msg']}", where) from None
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+"""One encoder for every frame: `json.dumps` with options builds a new one per call."""
+
+
 def sse(payload: Mapping[str, Any], event: str | None = None) -> str:
     """One server-sent-event frame (`event:` line only when named)."""
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    data = _JSON.encode(payload)
     return f"event: {event}\ndata: {data}\n\n" if event else f"data: {data}\n\n"
 
 
@@ -336,11 +342,40 @@ def _tool_choice(tc: str | NamedToolChoice | None,
     raise invalid(f"tool_choice type {tc.type!r} is not supported", "tool_choice")
 
 
+INTERN_CHARS = 4096
+"""Plain text turns up to this long are shared between requests (`_plain_message`)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain_message(role: Role, content: str) -> Message:
+    # Agents and GRPO groups re-send the same turns call after call; the frozen record costs more
+    # to build than to look up, and being immutable it is safe to share.
+    return Message(role=role, content=content)
+
+
 def _messages(msgs: list[ChatMessage]) -> tuple[Message, ...]:
     if not msgs:
         raise invalid("messages must not be empty", "messages")
     names: dict[str, str] = {}  # tool_call_id -> function name, for tool messages
-    return tuple(_message(m, f"messages[{i}]", names) for i, m in enumerate(msgs))
+    return tuple([_plain(m) or _message(m, f"messages[{i}]", names) for i, m in enumerate(msgs)])
+
+
+def _plain(m: ChatMessage) -> Message | None:
+    """A text-only system, user or assistant turn (the common case), or None for the rest."""
+    content = m.content
+    if content is None:
+        content = ""
+    elif type(content) is not str or len(content) > INTERN_CHARS:
+        return None
+    if m.role == "user":
+        return _plain_message("user", content)
+    if m.role in ("system", "developer"):
+        return _plain_message("system", content)
+    if (m.role != "assistant" or m.tool_calls or m.function_call is not None
+            or m.audio is not None or m.reasoning_content is not None or m.reasoning is not None):
+        return None
+    content = content or m.refusal or ""
+    return _plain_message("assistant", content) if len(content) <= INTERN_CHARS else None
 
 
 def _message(m: ChatMessage, where: str, names: dict[str, str]) -> Message:
@@ -454,6 +489,8 @@ class StreamEncoder:
         self.include_usage, self.logprobs = include_usage, logprobs
         self._spoke = [False] * n  # a choice sent content or a tool call
         del request  # one constructor for all three encoders; Chat Completions echoes nothing
+        # Every chunk starts with the same head: serialize it once (a frame per token adds up).
+        self._frame_head = "data: " + _JSON.encode(self._head())[:-1] + ',"choices":['
 
     @classmethod
     def for_request(cls, req: CompletionRequest, completion_id: str,
@@ -469,6 +506,11 @@ class StreamEncoder:
     def delta(self, index: int, d: ReplyDelta | None,
               logprobs: Sequence[TokenLogprob] | None = None) -> list[str]:
         """Frames for one reply delta (or only logprobs, when `d` is None)."""
+        if type(d) is ContentDelta and d.text and not (logprobs and self.logprobs):
+            # the common frame, written directly; equal to `_chunk(index, {"content": ...})`
+            self._spoke[index] = True
+            return [f'{self._frame_head}{{"index":{index},"delta":{{"content":'
+                    f'{_JSON.encode(d.text)}}},"logprobs":null,"finish_reason":null}}]}}\n\n']
         body: dict[str, Any] = {}
         if isinstance(d, ContentDelta) and d.text:
             body["content"] = d.text
@@ -525,7 +567,7 @@ class StreamEncoder:
         }
         if interaction_id is not None:
             choice["interaction_id"] = interaction_id  # extension: what set_reward takes
-        return sse({**self._head(), "choices": [choice]})
+        return f"{self._frame_head}{_JSON.encode(choice)}]}}\n\n"
 
 
 def _tool_call_delta(d: ToolCallDelta) -> dict[str, Any]:

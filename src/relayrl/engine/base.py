@@ -62,6 +62,8 @@ def validate_request(request: GenerateRequest, context_length: int, vocab_size: 
         raise InvalidRequest(f"top_p must be in (0, 1], got {p.top_p}")
     if p.top_k < 0:
         raise InvalidRequest(f"top_k must be >= 0, got {p.top_k}")
+    if p.top_logprobs < 0:
+        raise InvalidRequest(f"top_logprobs must be >= 0, got {p.top_logprobs}")
     if len(request.prompt_ids) >= context_length:
         raise ContextLengthExceeded(
             f"prompt has {len(request.prompt_ids)} tokens; the model's context is "

@@ -121,8 +121,6 @@ class FakeEngine:
     def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
         """Produce the scripted reply token by token; bad requests raise here."""
         validate_request(request, self._context_length, self.vocab_size)
-        if request.params.top_logprobs < 0:
-            raise InvalidRequest(f"top_logprobs must be >= 0, got {request.params.top_logprobs}")
         if self._closed:
             raise EngineError("the engine is closed")
         self.requests.append(request)

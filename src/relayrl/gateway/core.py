@@ -8,14 +8,19 @@ route, which renders it in its own wire format.
 Nothing here knows a wire format. The main tradeoff: the prompt of a continuing call is built from
 the parent's stored token ids, never from re-rendered text, so what the engine saw is exactly what
 the trainer gets; the price is that an agent which edits its history opens a new segment.
+A conversation that does render (a first call, a GRPO group's shared prompt) goes through a small
+exact-match `RenderCache`, since the same prompt is sent many times.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Hashable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 
 from relayrl.chat.completion import Choice, Completion, CompletionRequest, ReplyFinish, TokenLogprob
@@ -33,6 +38,69 @@ TOOL_CALL_OPEN = "<tool_call>\n"
 """Hermes/Qwen tool-call opening, used to force a call when `tool_choice` demands one."""
 
 
+RENDER_CACHE_TOKENS = 1 << 18
+"""Prompt tokens the render cache keeps (262k: about 10 MB of ids, plus the keys' text)."""
+RENDER_CACHE_ENTRIES = 4096
+"""Most conversations the render cache keeps, however short."""
+
+
+class RenderCache:
+    """Prompt ids of recently rendered conversations, keyed by exactly what renders (LRU).
+
+    GRPO sends each prompt `group_size` times and agents retry calls, so the same conversation is
+    rendered again and again; a hit skips the chat template and the tokenizer. The key holds every
+    field the template reads, verbatim (unlike the session's forgiving hash), so a hit is always
+    the ids a fresh render gives. The tradeoff: building the key costs about 0.2 µs a message
+    even when it misses, and the cache holds references to the keys' text.
+    """
+
+    def __init__(self, max_tokens: int = RENDER_CACHE_TOKENS,
+                 max_entries: int = RENDER_CACHE_ENTRIES) -> None:
+        self._ids: OrderedDict[Hashable, tuple[int, ...]] = OrderedDict()
+        self._tokens = 0
+        self.max_tokens, self.max_entries = max_tokens, max_entries
+        self.hits = 0
+        self.misses = 0
+
+    def render(self, renderer: Renderer, conv: Conversation) -> list[int]:
+        """`renderer.render(conv)`, from the cache when this exact conversation was rendered."""
+        if not renderer.deterministic:
+            return renderer.render(conv)
+        key = render_key(conv)
+        ids = self._ids.get(key)
+        if ids is not None:
+            self._ids.move_to_end(key)
+            self.hits += 1
+            return list(ids)
+        self.misses += 1
+        fresh = renderer.render(conv)
+        self._ids[key] = tuple(fresh)
+        self._tokens += len(fresh)
+        for _ in range(len(self._ids)):  # evict least recently used until within both bounds
+            if self._tokens <= self.max_tokens and len(self._ids) <= self.max_entries:
+                break
+            _, old = self._ids.popitem(last=False)
+            self._tokens -= len(old)
+        return fresh
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+def render_key(conv: Conversation) -> Hashable:
+    """Everything a chat template reads from `conv`, verbatim, as a hashable value."""
+    messages = tuple([
+        (m.role, m.content, m.reasoning, m.tool_call_id, m.name,
+         tuple([(c.id, c.name, c.arguments) for c in m.tool_calls]) if m.tool_calls else ())
+        for m in conv.messages
+    ])
+    # json without sort_keys: key order and 1 vs 1.0 vs true reach the template, so they count
+    tools = tuple((t.name, t.description, json.dumps(t.parameters, default=str))
+                  for t in conv.rendered_tools())
+    kwargs = json.dumps(conv.template_kwargs, default=str) if conv.template_kwargs else ""
+    return messages, tools, kwargs
+
+
 @dataclass
 class GatewayDeps:
     """Everything the routes need, stored on `app.state.deps` (no module-level state)."""
@@ -46,6 +114,8 @@ class GatewayDeps:
     started: float = field(default_factory=time.time)
     warned_fields: set[str] = field(default_factory=set)
     """Unknown request fields already logged once."""
+    renders: RenderCache = field(default_factory=RenderCache)
+    """Prompt ids of recently rendered conversations."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +151,7 @@ def prepare(deps: GatewayDeps, session: Session | None, req: CompletionRequest) 
             if prompt is None:  # the tree link stays, so credit still flows to the parent
                 reason = BranchReason.PROMPT_MISMATCH
     if prompt is None:
-        prompt = deps.renderer.render(conv)
+        prompt = deps.renders.render(deps.renderer, conv)
     if forced:
         prompt = prompt + deps.renderer.encode(forced)
     room = deps.engine.context_length - len(prompt)
@@ -180,9 +250,12 @@ def record(deps: GatewayDeps, session: Session | None, call: PreparedCall, index
 async def complete(deps: GatewayDeps, session: Session | None, req: CompletionRequest) -> Completion:
     """Serve a non-streamed call: n samples, parsed, recorded."""
     call = prepare(deps, session, req)
-    outs = await asyncio.gather(
-        *(deps.engine.generate(_engine_request(deps, call, i)) for i in range(req.n))
-    )
+    if req.n == 1:  # no gather: it would wrap the one call in a task of its own
+        outs = [await deps.engine.generate(_engine_request(deps, call, 0))]
+    else:
+        outs = await asyncio.gather(
+            *(deps.engine.generate(_engine_request(deps, call, i)) for i in range(req.n))
+        )
     choices = []
     for i, out in enumerate(outs):
         reply = parse_reply(call.forced_prefix + visible_text(deps, out), call.starts_in_reasoning)
@@ -230,6 +303,7 @@ class _ChoiceStream:
         self.decoder = IncrementalDecoder(deps.renderer)
         self.parser = StreamingReplyParser(starts_in_reasoning=call.starts_in_reasoning)
         self.chunks: list[TokenChunk] = []
+        self.stop_ids = frozenset(deps.renderer.stop_token_ids)
         self.stops = call.request.params.stop
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.seen = ""   # all decoded text
@@ -240,7 +314,9 @@ class _ChoiceStream:
 
     def push(self, chunk: TokenChunk) -> StreamDelta:
         self.chunks.append(chunk)
-        ids = [t for t in chunk.ids if t not in self.deps.renderer.stop_token_ids]
+        stop_ids = self.stop_ids
+        ids = chunk.ids if stop_ids.isdisjoint(chunk.ids) else [
+            t for t in chunk.ids if t not in stop_ids]
         self.seen += self.decoder.push(ids)
         out: list[ReplyDelta] = []
         if chunk.finish_reason is None:
@@ -269,10 +345,15 @@ class _ChoiceStream:
                 StreamFinish(self.index, finish, iid, reply, len(out.output_ids), out.stop_string))
 
 
-async def complete_stream(
+async def complete_stream_batches(
     deps: GatewayDeps, session: Session | None, call: PreparedCall
-) -> AsyncIterator[StreamEvent]:
-    """Serve a streamed call: reply deltas as the engine samples, then one finish per choice."""
+) -> AsyncIterator[list[StreamEvent]]:
+    """Serve a streamed call as batches: every event the engine has made ready, in order.
+
+    A batch is what a route can send in one write: when the engine hands over several chunks
+    before the route gets to run (a fast engine, or n > 1), they go out together instead of one
+    network write per token. Each chunk still makes its own deltas, so no event is merged.
+    """
     queue: asyncio.Queue[tuple[int, TokenChunk | BaseException | None]] = asyncio.Queue()
     streams = [_ChoiceStream(deps, call, i) for i in range(call.request.n)]
 
@@ -285,27 +366,45 @@ async def complete_stream(
             return
         await queue.put((i, None))
 
-    for s in streams:
-        first = s.start()
-        if first:
-            yield StreamDelta(s.index, first)
+    first: list[StreamEvent] = [StreamDelta(s.index, d) for s in streams if (d := s.start())]
+    if first:
+        yield first
     tasks = [asyncio.create_task(pump(i)) for i in range(len(streams))]
     try:
         running = len(streams)
         while running:
-            i, item = await queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            if item is None:
-                running -= 1
-                delta, fin = streams[i].finish(session)
-                if delta.deltas:
-                    yield delta
-                yield fin
-                continue
-            delta = streams[i].push(item)
-            if delta.deltas or delta.logprobs:
-                yield delta
+            items = [await queue.get()]
+            items += [queue.get_nowait() for _ in range(queue.qsize())]
+            batch: list[StreamEvent] = []
+            error: BaseException | None = None
+            for i, item in items:
+                if isinstance(item, BaseException):
+                    error = item
+                    break
+                if item is None:
+                    running -= 1
+                    delta, fin = streams[i].finish(session)
+                    if delta.deltas:
+                        batch.append(delta)
+                    batch.append(fin)
+                    continue
+                delta = streams[i].push(item)
+                if delta.deltas or delta.logprobs:
+                    batch.append(delta)
+            if batch:
+                yield batch
+            if error is not None:
+                raise error
     finally:
         for t in tasks:
             t.cancel()
+
+
+async def complete_stream(
+    deps: GatewayDeps, session: Session | None, call: PreparedCall
+) -> AsyncIterator[StreamEvent]:
+    """Serve a streamed call: reply deltas as the engine samples, then one finish per choice."""
+    async with aclosing(complete_stream_batches(deps, session, call)) as batches:
+        async for batch in batches:
+            for ev in batch:
+                yield ev

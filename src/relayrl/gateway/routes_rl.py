@@ -80,9 +80,14 @@ async def grant_capacity(request: Request) -> dict[str, int]:
     """How many more episodes may start under the staleness rule."""
     deps = _deps(request)
     require_admin(deps, request)
+    return {"capacity": _capacity(deps)}
+
+
+def _capacity(deps: GatewayDeps) -> int:
     c = deps.config
-    return {"capacity": deps.store.grant_capacity(deps.engine.version, c.max_staleness,
-                                                  c.batch_size)}
+    if c.max_staleness is None:  # an in-process controller enforces staleness itself
+        return max(0, c.max_sessions - len(deps.store))
+    return deps.store.grant_capacity(deps.engine.version, c.max_staleness, c.batch_size)
 
 
 async def start_session(request: Request) -> dict[str, Any]:
@@ -90,8 +95,7 @@ async def start_session(request: Request) -> dict[str, Any]:
     deps = _deps(request)
     require_admin(deps, request)
     body: StartSession = await _body(request, StartSession)
-    c = deps.config
-    deps.store.grant_capacity(deps.engine.version, c.max_staleness, c.batch_size)
+    _capacity(deps)  # refreshes the staleness rule start_session enforces
     session = deps.store.start_session(task_id=body.task_id, metadata=body.metadata,
                                        api_key=body.api_key)
     base = str(request.base_url).rstrip("/")

@@ -2,7 +2,7 @@
 the `SessionStore` that bounds how many sessions live in memory.
 
 Parent lookup is a dictionary probe per assistant turn: every recorded call is indexed by a
-chained sha256 over the canonical form of its messages plus its reply (and, separately, of its
+running sha256 over the canonical form of its messages plus its reply (and, separately, of its
 tools and template kwargs). A new call hashes its own messages once, so finding its parent costs
 O(length of the call), however many calls the session holds. The tradeoff is the canonical form:
 it forgives what clients change harmlessly (JSON key order and spacing in tool arguments, null vs
@@ -48,7 +48,7 @@ from relayrl.trajectory.records import (
 )
 from relayrl.types import FinishReason, GenerateOutput, Timings
 
-_ROOT_HASH = b"relayrl.trajectory/prefix/1"
+_ROOT_HASH = b"relayrl.trajectory/prefix/2"
 
 
 def _canonical_arguments(text: str) -> str:
@@ -68,33 +68,55 @@ def canonical_message(m: Message) -> str:
 
     Kept: role, stripped content, tool calls (id, name, normalized arguments), tool_call_id, name.
     Dropped: reasoning (clients rarely send it back; the segment keeps the sampled tokens anyway).
-    None and "" are the same; so are "" and "{}" arguments.
+    None and "" are the same; so are "" and "{}" arguments. The text is length-prefixed fields
+    (`len:value`, optional fields tagged), which is unambiguous and, unlike JSON, costs almost
+    nothing to build: every call hashes every message of its history.
     """
-    d: dict[str, Any] = {"r": m.role}
-    content = (m.content or "").strip()
-    if content:
-        d["c"] = content
-    if m.tool_calls:
-        d["t"] = [[c.id, c.name, _canonical_arguments(c.arguments)] for c in m.tool_calls]
+    role, content = m.role, (m.content or "").strip()
+    text = f"{len(role)}:{role}{len(content)}:{content}"
     if m.tool_call_id:
-        d["i"] = m.tool_call_id
+        text += f"i{len(m.tool_call_id)}:{m.tool_call_id}"
     if m.name:
-        d["n"] = m.name
-    return json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        text += f"n{len(m.name)}:{m.name}"
+    for c in m.tool_calls:
+        args = _canonical_arguments(c.arguments)
+        text += f"t{len(c.id)}:{c.id}{len(c.name)}:{c.name}{len(args)}:{args}"
+    return text
 
 
-def _chain(prev: bytes, m: Message) -> bytes:
-    return hashlib.sha256(prev + canonical_message(m).encode()).digest()
+def _chain(h: Any, m: Message) -> None:
+    """Add `m` to the running prefix hash `h` (a sha256 object).
+
+    Canonical texts concatenate unambiguously (each starts with its role's length, a digit;
+    optional fields start with a letter), so the digest after k messages identifies the first
+    k. One running hash, copied at the assistant turns that are looked up, costs about half of
+    chaining a fresh sha256 per message.
+    """
+    # surrogatepass: a lone surrogate (valid in JSON) must hash, not crash the lookup
+    h.update(canonical_message(m).encode("utf-8", "surrogatepass"))
 
 
-def context_hash(conv: Conversation) -> bytes:
-    """Hash of what renders besides the messages: the shown tools and the template kwargs."""
+def _context_text(conv: Conversation) -> str:
     tools = [
         [t.name, t.description.strip(), json.dumps(t.parameters, sort_keys=True, default=str)]
         for t in conv.rendered_tools()
     ]
-    text = json.dumps([tools, conv.template_kwargs], sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).digest()
+    return json.dumps([tools, conv.template_kwargs], sort_keys=True, default=str)
+
+
+_NO_CONTEXT = hashlib.sha256(_context_text(Conversation(())).encode()).digest()
+"""The context hash of a call with no tools and no template kwargs (most calls): computed once."""
+
+
+def context_hash(conv: Conversation) -> bytes:
+    """Hash of what renders besides the messages: the shown tools and the template kwargs."""
+    if not conv.template_kwargs and not conv.rendered_tools():
+        return _NO_CONTEXT
+    return hashlib.sha256(_context_text(conv).encode()).digest()
+
+
+_HASHED_CONVERSATIONS = 16
+"""Conversations a session remembers the hashes of, from `locate` until their calls `record`."""
 
 
 def _key_hash(api_key: str) -> bytes:
@@ -192,6 +214,10 @@ class Session:
         self._index: dict[bytes, str] = {}  # context + prefix hash -> call id
         self._message_index: dict[bytes, str] = {}  # prefix hash alone -> call id
         self._branch_reasons: Counter[str] = Counter()
+        # id(conversation) -> (conversation, context hash, running hash of all its messages), so
+        # `record` reuses what `locate` hashed; the entry holds the object, so an id is never
+        # confused with a later object's.
+        self._hashed: dict[int, tuple[Conversation, bytes, Any]] = {}
         self._journal: SessionJournal | None = None
         if journal is not None:
             journal.append(self.id, EventKind.START, self.start_event())
@@ -203,24 +229,26 @@ class Session:
         """Find the stored call whose messages + reply are the longest prefix of `conv`."""
         self._require(SessionState.OPEN)
         ctx = context_hash(conv)
-        h = _ROOT_HASH
+        h = hashlib.sha256(_ROOT_HASH)
         best: str | None = None
         best_k = 0
         other: str | None = None
         other_k = 0
         has_assistant = False
         for i, m in enumerate(conv.messages):
-            h = _chain(h, m)
+            _chain(h, m)
             if m.role != "assistant":
                 continue
             has_assistant = True
-            hit = self._index.get(ctx + h)
+            digest = h.copy().digest()
+            hit = self._index.get(ctx + digest)
             if hit is not None:
                 best, best_k = hit, i + 1
                 continue
-            alt = self._message_index.get(h)
+            alt = self._message_index.get(digest)
             if alt is not None:
                 other, other_k = alt, i + 1
+        self._remember_hashes(conv, ctx, h)
         if other is not None and other_k > best_k:
             return Located(self._calls[other], conv.messages[other_k:],
                            BranchReason.TOOLS_CHANGED)
@@ -364,8 +392,9 @@ class Session:
         self._require(SessionState.OPEN)
         self._check_fits(interaction)
         keys = self._index_keys(interaction)
-        parent = self._calls.get(interaction.parent_id) if interaction.parent_id else None
-        self._write(EventKind.INTERACTION, to_log_dict(interaction, parent))
+        if self._journal is not None:  # the log body costs a full to_dict: only build it for a log
+            parent = self._calls.get(interaction.parent_id) if interaction.parent_id else None
+            self._write(EventKind.INTERACTION, to_log_dict(interaction, parent))
         self._calls[interaction.id] = interaction
         self._children[interaction.id] = []
         if interaction.parent_id is not None:
@@ -399,11 +428,23 @@ class Session:
             raise InvalidRequest(f"interaction {c.id}: prompt does not extend its parent's tokens")
 
     def _index_keys(self, c: Interaction) -> tuple[bytes, bytes]:
-        h = _ROOT_HASH
-        for m in c.conversation.messages:
-            h = _chain(h, m)
-        h = _chain(h, c.reply.to_message())
-        return context_hash(c.conversation) + h, h
+        conv = c.conversation
+        known = self._hashed.get(id(conv))
+        if known is not None and known[0] is conv:
+            ctx, h = known[1], known[2].copy()
+        else:  # recorded without a `locate` (log recovery, direct use)
+            ctx, h = context_hash(conv), hashlib.sha256(_ROOT_HASH)
+            for m in conv.messages:
+                _chain(h, m)
+        _chain(h, c.reply.to_message())
+        digest = h.digest()
+        return ctx + digest, digest
+
+    def _remember_hashes(self, conv: Conversation, ctx: bytes, h: Any) -> None:
+        self._hashed.pop(id(conv), None)
+        self._hashed[id(conv)] = (conv, ctx, h)
+        if len(self._hashed) > _HASHED_CONVERSATIONS:
+            del self._hashed[next(iter(self._hashed))]  # the oldest
 
     # ---- rewards and lifecycle ----------------------------------------------------------------
 
@@ -632,8 +673,20 @@ class SessionStore:
         expired = [s for s in self._sessions.values()
                    if s.state == SessionState.OPEN and s.last_active + self.ttl_s < now]
         for s in expired:
-            s.abort()
+            self.abort(s.id)
         return expired
+
+    def abort(self, session_id: str) -> Session:
+        """Abort a session: its calls are never trained on, and its capacity is given back.
+
+        Counting aborted episodes against the staleness budget would let failures starve
+        training: the trainer could never fill the batch that moves the version on.
+        """
+        session = self.get(session_id, touch=False)
+        if session.state in (SessionState.OPEN, SessionState.ENDED):
+            session.abort()
+            self.submitted = max(0, self.submitted - 1)
+        return session
 
     def _make_room(self) -> None:
         if len(self._sessions) < self.max_sessions:

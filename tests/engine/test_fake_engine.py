@@ -1,0 +1,163 @@
+"""FakeEngine: scripted replies through the real tokenizer, with the engine protocol's behaviour."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+from tokenizers import Tokenizer
+
+from relayrl.engine import InferenceEngine, load_engine
+from relayrl.engine.fake import FakeEngine
+from relayrl.errors import ConfigError, ContextLengthExceeded, EngineError, InvalidRequest
+from relayrl.types import FinishReason, GenerateRequest, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir: str) -> Tokenizer:
+    return Tokenizer.from_file(f"{model_dir}/tokenizer.json")
+
+
+def request(ids: list[int] | None = None, **params) -> GenerateRequest:
+    return GenerateRequest(prompt_ids=ids or [1, 2, 3], params=SamplingParams(**params))
+
+
+async def test_replies_are_the_script_encoded_by_the_real_tokenizer_plus_end_of_turn(
+    model_dir: str, tokenizer: Tokenizer
+) -> None:
+    engine = FakeEngine(["Hello there!", "Second reply."], tokenizer_path=model_dir)
+    end = tokenizer.token_to_id("<|im_end|>")
+    first = await engine.generate(request())
+    second = await engine.generate(request())
+    third = await engine.generate(request())
+    assert engine.eos_token_id == end
+    assert first.output_ids == [*tokenizer.encode("Hello there!").ids, end]
+    assert tokenizer.decode(second.output_ids, skip_special_tokens=True) == "Second reply."
+    assert third.output_ids == first.output_ids  # the script cycles
+    assert first.finish_reason is FinishReason.STOP
+    assert isinstance(engine, InferenceEngine)
+
+
+async def test_a_callable_script_sees_each_request(model_dir: str) -> None:
+    engine = FakeEngine(lambda r: f"you sent {len(r.prompt_ids)} tokens", tokenizer_path=model_dir)
+    out = await engine.generate(request([5] * 7))
+    assert engine.decode(out.output_ids).startswith("you sent 7 tokens")
+    ids_script = FakeEngine(lambda r: [10, 11], tokenizer_path=model_dir, eos_token_id=12)
+    assert (await ids_script.generate(request())).output_ids == [10, 11, 12]
+
+
+async def test_default_script_answers_ok_without_a_tokenizer() -> None:
+    engine = FakeEngine()
+    out = await engine.generate(request())
+    assert engine.decode(out.output_ids) == "ok"
+    assert out.output_ids[-1] == engine.eos_token_id
+
+
+async def test_max_new_tokens_cuts_the_reply_before_its_end_token(model_dir: str) -> None:
+    engine = FakeEngine(["one two three four five six"], tokenizer_path=model_dir)
+    out = await engine.generate(request(max_new_tokens=3))
+    full = engine.encode("one two three four five six")
+    assert out.output_ids == full[:3] and out.finish_reason is FinishReason.LENGTH
+
+
+async def test_the_context_end_finishes_with_length(model_dir: str) -> None:
+    engine = FakeEngine(["a b c d e f g"], tokenizer_path=model_dir, context_length=12)
+    out = await engine.generate(request([1] * 10, max_new_tokens=50))
+    assert len(out.output_ids) == 2 and out.finish_reason is FinishReason.LENGTH
+
+
+async def test_stop_ids_and_stop_strings_end_the_reply(model_dir: str) -> None:
+    engine = FakeEngine(["The answer is 42. Done."], tokenizer_path=model_dir)
+    ids = engine.encode("The answer is 42. Done.")
+    by_id = await engine.generate(request(stop_token_ids=(ids[2],)))
+    by_text = await engine.generate(request(stop=("42",)))
+    assert by_id.output_ids == ids[:3] and by_id.finish_reason is FinishReason.STOP
+    assert by_text.stop_string == "42" and by_text.finish_reason is FinishReason.STOP
+    assert "42" in engine.decode(by_text.output_ids)
+    assert "42" not in engine.decode(by_text.output_ids[:-1])
+    assert by_text.output_ids == ids[: len(by_text.output_ids)]
+
+
+async def test_tokens_stream_one_by_one_with_versions_logprobs_and_timings(model_dir: str) -> None:
+    engine = FakeEngine(["stream me please"], tokenizer_path=model_dir)
+    chunks = [c async for c in engine.stream(request(top_logprobs=2))]
+    assert all(len(c.ids) == 1 for c in chunks)
+    assert [c.finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1].timings is not None and chunks[-1].finish_reason is FinishReason.STOP
+    assert all(lp < 0 for c in chunks for lp in c.logprobs)
+    assert all(c.top_logprobs and c.top_logprobs[0][0].token_id == c.ids[0] for c in chunks)
+    again = [c async for c in engine.stream(request())]
+    assert [c.logprobs for c in again] == [c.logprobs for c in chunks]  # deterministic
+
+
+async def test_update_weights_bumps_the_version_of_later_tokens(model_dir: str) -> None:
+    engine = FakeEngine(["a b c d e f"], tokenizer_path=model_dir)
+    versions: list[int] = []
+    async for chunk in engine.stream(request()):
+        versions += chunk.versions
+        if len(versions) == 2:
+            assert await engine.update_weights({"anything": 1}) == 1
+    assert versions[:2] == [0, 0] and set(versions[2:]) == {1}
+    assert await engine.update_weights("/some/checkpoint", version=7) == 7
+    assert engine.version == 7
+
+
+async def test_token_delay_paces_the_stream(model_dir: str) -> None:
+    engine = FakeEngine(["x y z"], tokenizer_path=model_dir, token_delay_s=0.02)
+    out = await engine.generate(request())
+    assert out.timings.total_s >= 0.02 * len(out.output_ids)
+
+
+async def test_aclose_aborts_streams_in_flight(model_dir: str) -> None:
+    engine = FakeEngine(["a b c d e f g h"], tokenizer_path=model_dir, token_delay_s=0.01)
+    task = asyncio.create_task(engine.generate(request()))
+    await asyncio.sleep(0.025)
+    await engine.aclose()
+    out = await task
+    assert out.finish_reason is FinishReason.ABORT and 0 < len(out.output_ids) < 9
+    with pytest.raises(EngineError):
+        engine.stream(request())
+
+
+@pytest.mark.parametrize(
+    ("ids", "params", "error"),
+    [
+        ([], {}, InvalidRequest),
+        ([1] * 100, {}, ContextLengthExceeded),
+        ([1], {"max_new_tokens": 0}, InvalidRequest),
+        ([1], {"stop_token_ids": (10**7,)}, InvalidRequest),
+    ],
+)
+def test_bad_requests_raise_when_the_stream_is_asked_for(
+    model_dir: str, ids: list[int], params: dict, error: type[Exception]
+) -> None:
+    engine = FakeEngine(tokenizer_path=model_dir, context_length=100)
+    with pytest.raises(error):
+        engine.stream(GenerateRequest(prompt_ids=ids, params=SamplingParams(**params)))
+
+
+def test_load_engine_builds_the_fake_and_refuses_unknown_kinds(model_dir: str) -> None:
+    engine = load_engine("fake", model_dir, script=["hi"])
+    assert isinstance(engine, FakeEngine) and engine.tokenizer is not None
+    with pytest.raises(ConfigError):
+        load_engine("nonexistent", model_dir)
+
+
+def test_the_engine_package_imports_without_torch_or_transformers() -> None:
+    code = (
+        "import sys, relayrl.engine, relayrl.engine.fake;"
+        "print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+async def test_the_fake_serves_thousands_of_requests_per_second(model_dir: str) -> None:
+    engine = FakeEngine(["The result is 42."], tokenizer_path=model_dir)
+    n = 2000
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await asyncio.gather(*(engine.generate(request()) for _ in range(n)))
+    assert n / (loop.time() - start) > 1000  # ~30k/s when the machine is idle
