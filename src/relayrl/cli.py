@@ -45,6 +45,26 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from relayrl.train.trainer import run_from_config
+
+    result = run_from_config(args.config, args.overrides)
+    print(result.summary(), flush=True)
+    return 0
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from relayrl.train.chat import answer, find_checkpoint
+
+    checkpoint = args.checkpoint or find_checkpoint(args.fileroot, args.experiment, args.trial,
+                                                    args.step)
+    print(asyncio.run(answer(str(checkpoint), args.prompt, max_tokens=args.max_tokens,
+                             system=args.system)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `relayrl` command."""
     parser = argparse.ArgumentParser(prog="relayrl", description=__doc__)
@@ -64,6 +84,22 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--log", default=None, help="SQLite log of every call (recovered on restart)")
     gw.add_argument("--session-ttl", type=float, default=3600.0, help="idle seconds before a session is aborted")
     gw.set_defaults(func=_cmd_gateway)
+
+    tr = sub.add_parser("train", help="train an agent with RL (config YAML + dotted overrides)")
+    tr.add_argument("config", help="YAML config, e.g. examples/math_agent/config.yaml")
+    tr.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-5")
+    tr.set_defaults(func=_cmd_train)
+
+    ch = sub.add_parser("chat", help="answer a prompt with a trained checkpoint")
+    ch.add_argument("prompt")
+    ch.add_argument("--checkpoint", default=None, help="a checkpoint (HF) directory")
+    ch.add_argument("--experiment", default=None)
+    ch.add_argument("--trial", default=None)
+    ch.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    ch.add_argument("--fileroot", default="runs")
+    ch.add_argument("--system", default=None, help="system message")
+    ch.add_argument("--max-tokens", type=int, default=256)
+    ch.set_defaults(func=_cmd_chat)
     return parser
 
 

@@ -1,0 +1,411 @@
+"""Configuration: `RelayConfig` composes one dataclass per component, loaded from YAML with
+dotted command-line overrides (`relayrl train cfg.yaml rollout.group_size=8 train.lr=1e-6`).
+
+The loader is generic: `load_config(cls, path, overrides)` builds any dataclass from its type
+hints, so each component keeps its config next to its code (`GatewayConfig`, `RolloutConfig`)
+and this module only holds the trainer's settings and the composition. Checking is strict: an
+unknown key or a value of the wrong type is a `ConfigError` that names the dotted key, because a
+misspelt hyperparameter that silently keeps its default wastes a whole run.
+
+Tradeoff: values are checked against type hints only (int, float, bool, str, Optional/unions,
+Literal, list, tuple, dict, nested dataclasses, Path, Enum); range checks live in each config's
+`__post_init__`, next to the field they guard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+
+from relayrl.errors import ConfigError
+from relayrl.gateway.config import GatewayConfig
+from relayrl.rollout.config import RolloutConfig
+
+T = TypeVar("T")
+
+LossAgg = Literal["token", "seq-mean-token-mean", "seq-mean-token-sum"]
+OffPolicy = Literal["decoupled", "tis", "none"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How the actor updates the policy (one optimizer step per `Actor.update`)."""
+
+    lr: float = 1e-6                          # AdamW learning rate (after warm-up)
+    warmup_steps: int = 0                     # linear warm-up from 0 over this many steps
+    weight_decay: float = 0.0                 # AdamW decoupled weight decay
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW moment decays
+    adam_eps: float = 1e-8                    # AdamW denominator epsilon
+    grad_clip: float = 1.0                    # max global grad norm; 0 turns clipping off
+    micro_batch_tokens: int = 4096            # token budget of one forward/backward (rows x padded length)
+    packing: Literal["pad", "pack"] = "pad"   # "pad": rows of similar length; "pack": rows concatenated (flash-attention GPUs)
+    bf16: bool | Literal["auto"] = "auto"     # bf16 autocast; auto = on where the CPU has AMX/AVX512-BF16 or the GPU has bf16
+    attn_implementation: str = "sdpa"         # transformers attention kernel ("flash_attention_2" suits packing on GPUs)
+    total_steps: int = 100                    # optimizer steps in the run
+    minibatches: int = 1                      # optimizer steps per rollout batch (>1 makes the PPO clip bite)
+    eps_clip_low: float = 0.2                 # ratio may fall to 1 - this before the clip stops the gradient
+    eps_clip_high: float = 0.28               # ratio may rise to 1 + this (DAPO's clip-higher keeps exploring)
+    kl_coef: float = 0.0                      # weight of the k3 KL to the reference (initial) model; 0 loads no reference
+    loss_agg: LossAgg = "token"               # token: mean over all trained tokens; seq-mean-*: mean over rows
+    off_policy: OffPolicy = "decoupled"       # correction for tokens sampled by older weights
+    tis_cap: float = 2.0                      # tis: importance weights above this are truncated to it
+    behav_weight_cap: float | None = None     # decoupled: tokens whose weight exceeds this are dropped
+    drop_uniform_groups: bool = True          # drop groups whose episodes all got one reward (no signal)
+    adv_norm: Literal["std", "mean"] = "std"  # std: (r - mean) / std within a group; mean: r - mean only
+    advantage_source: Literal["group", "turn"] = "group"  # episode reward, or per-turn returns
+    fp32_logits: bool = True                  # compute logits in fp32 even under bf16 (halves the logprob error)
+    checkpoint_every: int = 50                # save every N steps; 0 saves only at the end
+    keep_checkpoints: int = 2                 # keep the newest K checkpoints (0 keeps all)
+    save_optimizer: bool = True               # write optimizer.pt so a run can resume exactly
+
+    def __post_init__(self) -> None:
+        positive = ("lr", "micro_batch_tokens", "total_steps", "minibatches", "tis_cap")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        non_negative = ("warmup_steps", "weight_decay", "grad_clip", "eps_clip_low",
+                        "eps_clip_high", "kl_coef", "checkpoint_every", "keep_checkpoints")
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.eps_clip_low >= 1:
+            raise ConfigError(f"eps_clip_low must be < 1, got {self.eps_clip_low}")
+        if self.behav_weight_cap is not None and self.behav_weight_cap <= 0:
+            raise ConfigError(f"behav_weight_cap must be > 0 or null, got {self.behav_weight_cap}")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation before and after RL (one episode per item, no training)."""
+
+    every: int = 0                            # also evaluate every N training steps; 0 = never
+    max_items: int | None = None              # evaluate on at most this many data items; None = all
+    base: bool = False                        # also evaluate the model as loaded, before the SFT warm-start
+    workflow_kwargs: dict[str, Any] = field(default_factory=dict)  # agent kwargs for eval (e.g. temperature 0)
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise ConfigError(f"every must be >= 0, got {self.every}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Datasets: JSONL or Parquet files of items such as `{"messages": [...], "answer": "35"}`."""
+
+    train: str | None = None                  # training items
+    eval: str | None = None                   # held-out items (evaluated before and after RL)
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm-start on recorded rows before RL (no data = no SFT stage)."""
+
+    data: str | None = None                   # JSONL of trajectory rows to imitate
+    epochs: int = 1                           # passes over the rows
+    rows_per_step: int = 8                    # rows per optimizer step
+    lr: float = 1e-4                          # learning rate of the warm-start (constant)
+    max_rows: int | None = None               # use at most this many rows; None = all
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.rows_per_step < 1:
+            raise ConfigError("epochs and rows_per_step must be >= 1")
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    """A whole run. Logs and checkpoints go under `{fileroot}/{experiment_name}/{trial_name}/`."""
+
+    experiment_name: str = "relayrl"          # groups trials of one experiment
+    trial_name: str = "trial0"                # one run of the experiment
+    fileroot: str = "runs"                    # root folder of all experiments' outputs
+    seed: int = 1                             # seeds torch, random and the data order
+    model: str = "smollm2-135m-instruct"      # policy: packaged name, local HF dir or hub id
+    workflow: str | None = None               # agent or workflow to train, e.g. "my_agent.MathAgent"
+    workflow_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the agent's constructor
+    data: DataConfig = field(default_factory=DataConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        """`{fileroot}/{experiment_name}/{trial_name}`: this trial's outputs."""
+        return Path(self.fileroot) / self.experiment_name / self.trial_name
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where `step_N` checkpoint directories go."""
+        return self.run_dir / "checkpoints"
+
+    @property
+    def log_dir(self) -> Path:
+        """Where TensorBoard events, metrics.jsonl and plots go."""
+        return self.run_dir / "logs"
+
+    def gateway_config(self) -> GatewayConfig:
+        """The gateway's settings, serving this run's policy (`model` wins over `gateway.model`)."""
+        return dataclasses.replace(self.gateway, model=self.model)
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _CliText:
+    """An override's raw text: parsed as a YAML scalar, or kept as text for `str` fields."""
+
+    text: str
+
+    def __repr__(self) -> str:
+        return repr(self.text)
+
+
+_FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+# PyYAML follows YAML 1.1, which reads `1e-6` (no dot) as a string: accept such text for floats.
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+    """Build dataclass `cls` from a YAML file (optional) and dotted `key=value` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e}") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: expected a mapping at the top level, "
+                              f"got {type(loaded).__name__}")
+        data = loaded or {}
+    for item in overrides:
+        _set_dotted(data, *parse_override(item))
+    return from_dict(cls, data)
+
+
+def apply_overrides(config: T, overrides: Sequence[str]) -> T:
+    """A copy of dataclass instance `config` with dotted `key=value` overrides applied."""
+    data = to_dict(config)
+    for item in overrides:
+        _set_dotted(data, *parse_override(item))
+    return from_dict(type(config), data)
+
+
+def parse_override(item: str) -> tuple[str, _CliText]:
+    """Split `a.b=value` into the dotted key and the value's raw text."""
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r}: expected dotted.key=value")
+    return key, _CliText(value.strip())
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A dataclass instance as plain YAML-ready values (tuples become lists, enums values)."""
+    return typing.cast(dict[str, Any], _plain(config))
+
+
+def dump_config(config: Any, path: str | Path) -> None:
+    """Write a dataclass config as YAML (a run records the config it ran with)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
+    """Build dataclass `cls` from a mapping, checking every key and value against the hints."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix or cls.__name__}: expected a mapping, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(typing.cast(Any, cls)) if f.init}
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in fields:
+            raise ConfigError(f"{dotted}: unknown key{_suggest(str(key), fields, prefix)}")
+        kwargs[key] = _convert(value, hints[key], dotted)
+    for name, f in fields.items():
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required and name not in kwargs:
+            raise ConfigError(f"{prefix + '.' if prefix else ''}{name}: required key missing")
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # ConfigError from __post_init__ included: say which section
+        raise ConfigError(f"{prefix}: {e}" if prefix else str(e)) from e
+
+
+def _suggest(key: str, fields: Mapping[str, Any], prefix: str) -> str:
+    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+    if not close:
+        return f" (known: {', '.join(sorted(fields))})"
+    return f" (did you mean {prefix + '.' if prefix else ''}{close[0]}?)"
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: _CliText) -> None:
+    parts = key.split(".")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            raise ConfigError(f"{key}: {'.'.join(parts[: i + 1])} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """`value` checked (and, where lossless, converted) against type `tp`; else ConfigError."""
+    if isinstance(value, _CliText):
+        return _convert_text(value.text, tp, key)
+    ok, out = _try_convert(value, tp, key)
+    if not ok:
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    return out
+
+
+def _convert_text(text: str, tp: Any, key: str) -> Any:
+    try:
+        parsed = yaml.safe_load(text) if text else ""
+    except yaml.YAMLError:
+        parsed = text
+    ok, out = _try_convert(parsed, tp, key)
+    if ok:
+        return out
+    # `name=123` or `name=yes` for a str field: the text itself is the value.
+    ok, out = _try_convert(text, tp, key)
+    if ok:
+        return out
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {text!r}")
+
+
+def _try_convert(value: Any, tp: Any, key: str) -> tuple[bool, Any]:
+    """(True, converted) when `value` fits `tp`; (False, None) otherwise.
+
+    Nested dataclasses and containers raise ConfigError themselves so that the error names the
+    innermost key.
+    """
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return True, value
+    if origin is typing.Union or origin is types.UnionType:
+        if value is None:
+            return type(None) in args, None
+        inner: ConfigError | None = None
+        for arm in args:
+            if arm is type(None):
+                continue
+            try:
+                ok, out = _try_convert(value, arm, key)
+            except ConfigError as e:  # an arm that fits in shape but not in detail
+                inner = inner or e
+                continue
+            if ok:
+                return True, out
+        if inner is not None:
+            raise inner
+        return False, None
+    if origin is Literal:
+        return (value in args and any(type(value) is type(a) for a in args)), value
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if isinstance(value, tp):
+            return True, value
+        if not isinstance(value, Mapping):
+            return False, None
+        return True, from_dict(tp, value, key)
+    if origin in (list, Sequence) or tp is list:
+        if not isinstance(value, list | tuple):
+            return False, None
+        item = args[0] if args else Any
+        return True, [_convert(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is tuple or tp is tuple:
+        return _try_tuple(value, args, key)
+    if origin in (dict, Mapping) or tp is dict:
+        if not isinstance(value, Mapping):
+            return False, None
+        kt, vt = args if args else (Any, Any)
+        return True, {_convert(k, kt, key): _convert(v, vt, f"{key}.{k}") for k, v in value.items()}
+    return _try_scalar(value, tp)
+
+
+def _try_tuple(value: Any, args: tuple[Any, ...], key: str) -> tuple[bool, Any]:
+    if not isinstance(value, list | tuple):
+        return False, None
+    if len(args) == 2 and args[1] is Ellipsis:
+        return True, tuple(_convert(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
+    if args and len(value) != len(args):
+        return False, None
+    items = args or (Any,) * len(value)
+    return True, tuple(_convert(v, t, f"{key}[{i}]") for i, (v, t) in enumerate(zip(value, items, strict=True)))
+
+
+def _try_scalar(value: Any, tp: Any) -> tuple[bool, Any]:
+    if tp is bool:
+        return isinstance(value, bool), value  # strict: 1 is not True
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return True, float(value)
+        if isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
+            return True, float(value)
+        return False, None
+    if tp is str:
+        return isinstance(value, str), value
+    if tp is type(None):
+        return value is None, None
+    if tp is Path:
+        return isinstance(value, str | Path), Path(value) if isinstance(value, str | Path) else None
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return True, tp(value)
+        except ValueError:
+            return False, None
+    if isinstance(tp, type):
+        return isinstance(value, tp), value
+    return False, None
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        return " | ".join(_type_name(a) for a in args)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin is not None:
+        inner = ", ".join("..." if a is Ellipsis else _type_name(a) for a in args)
+        return f"{getattr(origin, '__name__', str(origin))}[{inner}]"
+    if tp is type(None):
+        return "None"
+    if dataclasses.is_dataclass(tp):
+        return f"a mapping ({tp.__name__})"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    return value

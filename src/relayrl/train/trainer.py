@@ -1,0 +1,302 @@
+"""`PPOTrainer`: the training loop. Agents run unchanged against an in-process gateway; the
+trainer takes batches of whole groups from the rollout controller, updates the policy, and pushes
+the new weights into the engine between decode steps.
+
+One step: `controller.next_batch()` → `compute_advantages` → `actor.update` (in a worker thread,
+so rollouts for the next batch keep sampling: asynchronous, bounded by `max_staleness`) →
+`engine.update_weights` → log. Everything else here is set-up and tear-down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relayrl.client import SessionClient
+from relayrl.config import RelayConfig, dump_config
+from relayrl.errors import ConfigError
+from relayrl.models import model_path
+from relayrl.rollout import Batch, RolloutController
+from relayrl.train.actor import Actor
+from relayrl.train.advantages import compute_advantages
+from relayrl.train.checkpoint import latest_checkpoint
+from relayrl.train.metrics import MetricsLogger
+from relayrl.train.packing import TrainBatch
+from relayrl.train.sft import run_sft
+from relayrl.trajectory import read_jsonl
+from relayrl.workflow import resolve_workflow
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Held-out evaluation: mean episode reward over the eval set (aborted episodes count 0)."""
+
+    mean_reward: float
+    episodes: int
+    aborted: int
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a run produced."""
+
+    steps: int
+    checkpoint: Path | None
+    eval_base: EvalResult | None
+    """Held-out reward of the model as loaded (before any warm-start or RL)."""
+    eval_before: EvalResult | None
+    """Held-out reward before RL (after the SFT warm-start, if any)."""
+    eval_after: EvalResult | None
+    plot: Path | None
+    metrics_path: Path
+    wall_s: float
+
+    def summary(self) -> str:
+        """One line: what improved, in how long, and where the results are."""
+        def r(e: EvalResult | None) -> str:
+            return "n/a" if e is None else f"{e.mean_reward:.3f}"
+
+        base = f"base {r(self.eval_base)} -> " if self.eval_base is not None else ""
+        return (f"relayrl: held-out reward {base}before RL {r(self.eval_before)} -> after RL "
+                f"{r(self.eval_after)} in {self.steps} steps, {self.wall_s / 60:.1f} min; "
+                f"checkpoint {self.checkpoint}; plot {self.plot}")
+
+
+def load_dataset(path: str | Path) -> list[dict[str, Any]]:
+    """A JSONL (or Parquet) file of data items, e.g. `{"messages": [...], "answer": "35"}`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"dataset {path} does not exist")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class PPOTrainer:
+    """Trains the policy on episodes of any agent (`trainer.train(workflow="my_agent.MathAgent")`)."""
+
+    def __init__(self, config: RelayConfig, train_dataset: Sequence[dict[str, Any]],
+                 eval_dataset: Sequence[dict[str, Any]] | None = None) -> None:
+        self.config = config
+        self.train_dataset = list(train_dataset)
+        limit = config.eval.max_items
+        self.eval_dataset = list(eval_dataset)[:limit] if eval_dataset else None
+
+    def train(self, workflow: Any, workflow_kwargs: dict[str, Any] | None = None,
+              eval_workflow_kwargs: dict[str, Any] | None = None) -> TrainResult:
+        """Run the whole job: optional SFT warm-start, eval, RL steps, eval, checkpoint, plot."""
+        return asyncio.run(self.atrain(workflow, workflow_kwargs, eval_workflow_kwargs))
+
+    async def atrain(self, workflow: Any, workflow_kwargs: dict[str, Any] | None = None,
+                     eval_workflow_kwargs: dict[str, Any] | None = None) -> TrainResult:
+        """`train`, for callers already inside an event loop."""
+        cfg = self.config
+        started = time.perf_counter()
+        _seed_everything(cfg.seed)
+        dump_config(cfg, cfg.run_dir / "config.yaml")
+        actor = self._make_actor()
+        fresh = actor.step == 0
+        eval_kwargs = eval_workflow_kwargs or workflow_kwargs
+        run = _Run(cfg, actor, await _start_services(cfg, actor))
+        base = None
+        logger = MetricsLogger(cfg.log_dir)
+        try:
+            if fresh and cfg.sft.data:
+                if cfg.eval.base:
+                    base = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "base")
+                await run.warm_start(read_jsonl(cfg.sft.data))
+            before = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "before RL")
+            await run.loop(workflow, workflow_kwargs, self.train_dataset, logger)
+            after = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "after RL")
+        finally:
+            await run.services.aclose()
+        checkpoint = actor.save_checkpoint(cfg.checkpoint_dir)
+        evals = {"eval_reward_base": base, "eval_reward_before": before, "eval_reward_after": after}
+        logger.log(actor.step, {k: v.mean_reward for k, v in evals.items() if v is not None})
+        plot = logger.plot(cfg.log_dir / "reward_loss.png")
+        logger.close()
+        return TrainResult(actor.step, checkpoint, base, before, after, plot,
+                           cfg.log_dir / "metrics.jsonl", time.perf_counter() - started)
+
+    def _make_actor(self) -> Actor:
+        cfg = self.config
+        last = latest_checkpoint(cfg.checkpoint_dir)
+        if last is not None:  # the KL reference stays the original model, not the checkpoint
+            return Actor.resume(last, cfg.train, device=_device(),
+                                reference_path=model_path(cfg.model))
+        return Actor(model_path(cfg.model), cfg.train, device=_device())
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class _Services:
+    """The engine, the gateway on loopback, and a session client bound to it."""
+
+    engine: Any
+    gateway: Any
+    client: SessionClient
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        self.gateway.stop()
+        await self.engine.aclose()
+
+
+async def _start_services(cfg: RelayConfig, actor: Actor) -> _Services:
+    from relayrl.engine.local import LocalEngine
+    from relayrl.gateway.server import GatewayThread, build_deps
+
+    engine = LocalEngine(actor.model_dir(), seed=cfg.seed)
+    if actor.version:
+        await engine.update_weights(actor.state_dict_for_engine(), version=actor.version)
+    gw_cfg = replace(cfg.gateway_config(), model=actor.model_dir(),
+                     model_label=cfg.gateway.model_label or cfg.model)
+    gateway = GatewayThread(build_deps(gw_cfg, engine=engine)).start()
+    client = SessionClient(gateway.url, admin_key=gw_cfg.admin_key,
+                           timeout_s=cfg.rollout.episode_timeout_s)
+    return _Services(engine, gateway, client)
+
+
+@dataclass
+class _Run:
+    """One training run's moving parts."""
+
+    cfg: RelayConfig
+    actor: Actor
+    services: _Services
+
+    def _controller(self, workflow: Any, kwargs: dict[str, Any] | None,
+                    dataset: Sequence[dict[str, Any]], is_eval: bool) -> RolloutController:
+        cfg = self.cfg
+        rollout = cfg.rollout
+        if is_eval:
+            rollout = replace(rollout, group_size=1, batch_size=len(dataset), epochs=1,
+                              shuffle=False, is_eval=True, max_staleness=0,
+                              max_concurrent_rollouts=max(1, rollout.max_concurrent_rollouts))
+        wf = resolve_workflow(workflow, kwargs, rollout.group_size, gateway=self.services.client,
+                              agent_config=rollout.agent_config())
+        return RolloutController(wf, dataset, rollout, version_fn=lambda: self.actor.version)
+
+    async def warm_start(self, rows: Sequence[Any]) -> None:
+        """SFT on recorded traces, then serve the warmed weights (the version stays 0)."""
+        sft_log = MetricsLogger(self.cfg.log_dir / "sft", tensorboard=False)
+        await asyncio.to_thread(run_sft, self.actor, rows, self.cfg.sft, self.cfg.seed,
+                                sft_log.log)
+        sft_log.close()
+        await self.services.engine.update_weights(self.actor.state_dict_for_engine(),
+                                                  version=self.actor.version)
+
+    async def evaluate(self, workflow: Any, kwargs: dict[str, Any] | None,
+                       dataset: Sequence[dict[str, Any]] | None, tag: str) -> EvalResult | None:
+        """Mean reward of one episode per eval item; aborted episodes count as 0."""
+        if not dataset:
+            return None
+        async with self._controller(workflow, kwargs, dataset, is_eval=True) as controller:
+            rewards: dict[str, float] = {}
+            with contextlib.suppress(StopAsyncIteration):
+                for _ in range(len(dataset) + 1):  # bounded: one batch holds the whole set
+                    s = controller.stats()
+                    if s.groups_accepted + s.groups_dropped >= len(dataset) and not s.groups_queued:
+                        break  # every item ran once (asking again would wait for more data)
+                    batch = await controller.next_batch()
+                    for ep, r in zip(batch.episode_ids, batch.tensors["rewards"].tolist(),
+                                     strict=True):
+                        rewards[ep] = max(r, rewards.get(ep, float("-inf")))
+            aborted = controller.stats().aborted
+        result = EvalResult(sum(rewards.values()) / len(dataset), len(dataset), aborted)
+        print(f"eval {tag}: mean reward {result.mean_reward:.3f} over {result.episodes} "
+              f"held-out episodes ({result.aborted} aborted)", flush=True)
+        return result
+
+    async def loop(self, workflow: Any, kwargs: dict[str, Any] | None,
+                   dataset: Sequence[dict[str, Any]], logger: MetricsLogger) -> None:
+        """RL steps until `train.total_steps` (or the data runs out)."""
+        cfg, actor = self.cfg, self.actor
+        async with self._controller(workflow, kwargs, dataset, is_eval=False) as controller:
+            skipped = 0
+            # bounded: batches without signal take no step, so allow a few of them per step
+            for _ in range(4 * cfg.train.total_steps):
+                if actor.step >= cfg.train.total_steps:
+                    break
+                try:
+                    batch = await controller.next_batch()
+                except StopAsyncIteration:
+                    break
+                metrics = await self.step(batch)
+                if metrics.get("n_tokens", 0) == 0:
+                    skipped += 1
+                    print(f"batch without signal (every group uniform, reward mean "
+                          f"{metrics.get('reward_mean', 0):.2f}): no step", flush=True)
+                    continue
+                metrics["skipped_batches"] = float(skipped)
+                logger.log(actor.step, metrics)
+                _print_step(actor.step, cfg.train.total_steps, metrics)
+                every = cfg.train.checkpoint_every
+                if every and actor.step % every == 0 and actor.step < cfg.train.total_steps:
+                    actor.save_checkpoint(cfg.checkpoint_dir)
+
+    async def step(self, batch: Batch) -> dict[str, float]:
+        """One RL step on a batch: advantages, update (off the event loop), push weights."""
+        started = time.perf_counter()
+        tb = TrainBatch.from_tensors(batch.tensors, batch.episode_ids, batch.group_ids)
+        adv = compute_advantages(tb, self.cfg.train)
+        # rollouts keep sampling with the old weights while the update runs in a thread
+        metrics = await asyncio.to_thread(self.actor.update, adv.batch, adv.adv_B_T)
+        if metrics.get("n_tokens", 0) == 0:
+            # No signal (every group uniform): no optimizer step, but the version moves on, or
+            # the staleness rule (which admits by version) would never admit another batch.
+            self.actor.version += 1
+        await self.services.engine.update_weights(self.actor.state_dict_for_engine(),
+                                                  version=self.actor.version)
+        stats = batch.stats
+        metrics.update(
+            adv.stats, rows=float(tb.num_rows),
+            aborted_episodes=float(stats.aborted), rejected_episodes=float(stats.rejected),
+            step_s=time.perf_counter() - started,
+        )
+        return metrics
+
+
+def _print_step(step: int, total: int, m: dict[str, float]) -> None:
+    keys = ("reward_mean", "loss", "approx_kl", "clip_frac", "tokens_per_s", "step_s")
+    shown = " ".join(f"{k}={m[k]:.3g}" for k in keys if k in m)
+    print(f"step {step}/{total} {shown}", flush=True)
+
+
+def run_from_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainResult:
+    """`relayrl train CONFIG [overrides]`: load the config and datasets, then train."""
+    from relayrl.config import load_config
+
+    cfg = load_config(RelayConfig, path, overrides)
+    # agents named relative to the config ("agent.MathAgent") import from its folder
+    folder = str(Path(path).resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    if not cfg.data.train:
+        raise ConfigError("data.train: a training dataset (JSONL or Parquet) is required")
+    if not cfg.workflow:
+        raise ConfigError("workflow: name the agent or workflow to train, e.g. my_agent.MathAgent")
+    trainer = PPOTrainer(cfg, load_dataset(cfg.data.train),
+                         load_dataset(cfg.data.eval) if cfg.data.eval else None)
+    return trainer.train(cfg.workflow, cfg.workflow_kwargs, cfg.eval.workflow_kwargs or None)
