@@ -175,3 +175,26 @@ def test_an_aborted_session_gives_its_capacity_back_and_is_never_exported(model_
             chat(g, s["api_key"], [{"role": "user", "content": "late"}])
     finally:
         g.thread.stop()
+
+
+def test_a_client_that_leaves_stops_its_generation_and_nothing_is_recorded(model_dir: str) -> None:
+    import time
+
+    from relayrl.engine.fake import FakeEngine
+    from relayrl.gateway.config import GatewayConfig
+    from relayrl.gateway.server import GatewayThread, build_deps
+    from tests.gateway.conftest import Gateway
+
+    slow = FakeEngine(["word " * 60], tokenizer_path=model_dir, token_delay_s=0.05)  # ~3 s
+    cfg = GatewayConfig(model=model_dir, engine="fake", admin_key=ADMIN)
+    thread = GatewayThread(build_deps(cfg, engine=slow)).start()
+    g = Gateway(thread.url, thread)
+    try:
+        s = g.start_session()
+        client = OpenAI(base_url=g.url + "/v1", api_key=s["api_key"], max_retries=0, timeout=0.5)
+        with pytest.raises(openai.APITimeoutError):
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        time.sleep(3.5)  # longer than the whole generation would have taken
+        assert g.export(s["session_id"]) == []
+    finally:
+        thread.stop()

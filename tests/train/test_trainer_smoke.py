@@ -19,9 +19,9 @@ CONFIG = ROOT / "examples" / "math_agent" / "config.yaml"
 def test_the_example_config_loads_and_bad_overrides_name_their_key() -> None:
     cfg = load_config(RelayConfig, CONFIG, ["rollout.group_size=2", "train.lr=1e-5"])
     assert cfg.rollout.group_size == 2 and cfg.train.lr == 1e-5
-    with pytest.raises(ConfigError, match="train.lrr"):
+    with pytest.raises(ConfigError, match=r"train\.lrr"):
         load_config(RelayConfig, CONFIG, ["train.lrr=1"])
-    with pytest.raises(ConfigError, match="rollout.group_size"):
+    with pytest.raises(ConfigError, match=r"rollout\.group_size"):
         load_config(RelayConfig, CONFIG, ["rollout.group_size=eight"])
 
 

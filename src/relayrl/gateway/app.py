@@ -11,14 +11,14 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from relayrl.chat import wire_anthropic, wire_openai_chat, wire_openai_responses
@@ -37,6 +37,7 @@ from relayrl.gateway.core import (
 from relayrl.trajectory import Session
 
 log = logging.getLogger("relayrl.gateway")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -92,11 +93,35 @@ async def serve_completion(request: Request, wire: WireFormat, session_id: str |
     if req.n > deps.config.max_n:
         raise InvalidRequest(f"n={req.n} is more than this gateway serves ({deps.config.max_n})")
     if not req.stream:
-        completion = await complete(deps, session, req)
+        completion = await _unless_client_leaves(request, complete(deps, session, req))
+        if completion is None:
+            return Response(status_code=499)  # nobody is listening; nothing was recorded
         return JSONResponse(wire.module.render_completion(completion, req))
     call = prepare(deps, session, req)
     return EventStream(_sse(deps, wire, session, call), media_type="text/event-stream",
                        headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+
+async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T | None:
+    """Await `work`, cancelling it (and so the generation) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while not task.done():  # ends with the work: receive() answers http.disconnect then
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                task.cancel()
+                return
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not watcher.done():
+            raise  # we were cancelled ourselves, not by the client leaving
+        return None
+    finally:
+        watcher.cancel()
 
 
 class EventStream(StreamingResponse):
