@@ -1,0 +1,396 @@
+"""Training throughput of `Actor.update`, and what segment packing (`concat` rows) saves.
+
+Run by hand:  RELAYRL_HOME=/tmp/rr python benchmarks/bench_train.py [--no-write]
+
+Measured, with torch on 2 threads, on the default model:
+  1. `Actor.update` (forward, backward, grad clip, AdamW step) on a batch shaped like the math
+     agent's episodes: 16 rows of 394-472 random token ids, the loss on the last ~70 tokens in 3
+     turns (30 + 30 + 10 tokens, 26 context tokens between turns, as in the main job's traces),
+     behaviour logprobs -1, rewards 0/1 in groups of 4 (advantages +-0.87). In bf16 autocast
+     (what `bf16="auto"` resolves to here) and in fp32. Model FLOPs = 6 x non-embedding params
+     x forward tokens + 6 x lm-head params x trained tokens (the actor runs the head on trained
+     positions only), divided by the time, against the peak of a large matmul in that dtype.
+  2. The same 5-turn episodes exported both ways: `concat` (one row per episode, the model's
+     own samples trained in place) and `individual` (one row per call, each repeating the whole
+     prefix). Sessions are built as the gateway builds them (`Session.locate`, extended prompt,
+     `new_interaction`, `record`), with a toy renderer that gives each message its own random
+     token ids (one per character), so every call extends its parent's tokens. Reported:
+     tokens in the rows, tokens the forward passes process (padding included), trained tokens,
+     and the update time of each layout.
+Every timing is the best of `--repeats` interleaved rounds after one warm-up (the machine is
+shared). Writes the "## Training throughput" section of benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import random
+import string
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from relayrl.chat.conversation import Conversation, Message, ParsedReply, ToolCall
+from relayrl.config import TrainConfig
+from relayrl.models import DEFAULT_MODEL, model_path
+from relayrl.train.actor import Actor, resolve_bf16
+from relayrl.train.advantages import compute_advantages
+from relayrl.train.packing import TrainBatch
+from relayrl.trajectory import Session, TrajectoryRow, export_session
+from relayrl.types import FinishReason, GenerateOutput, Timings
+
+RESULTS = Path(__file__).parent / "RESULTS.md"
+SECTION = "## Training throughput"
+GLUE = 26
+"""Context tokens between two sampled turns (tool result + template), as in the main job."""
+TURNS_1 = (30, 30, 10)
+"""Part 1: sampled tokens per turn in a row (the main job's traces: 67 on average, 2-3 turns)."""
+PROMPT = 333
+"""Part 2: tokens of the first prompt (system with tool schemas + question), as in the traces."""
+REPLIES = (35, 36, 36, 36, 12)
+"""Part 2: sampled tokens per call of a 5-turn episode (4 tool calls, then the answer)."""
+BOS, EOT, GEN = 1, 2, 3
+ROLE = {"system": 4, "user": 5, "assistant": 6, "tool": 7}
+NOTES = """Notes (measured by hand on 2026-11-22, same machine, load ~0.8, two runs each):
+- Where a bf16 update of the 16-row batch goes (2 micro-batches of 8 rows): the forward pass
+  alone (no grad) 2.5 s, forward + backward 11.5-13 s, grad clip + AdamW step 0.3-2.5 s. The
+  forward alone reaches about 20% of the bf16 matmul peak; forward + backward take 4.5-5x the
+  forward alone instead of ~3x, so the backward under autocast is what pulls the update to 16%.
+- Concat saves less time (3.5x) than forward tokens (4.3x), likely because the per-call rows
+  are shorter on average (attention costs less per token) and the clip and optimizer step cost
+  the same in both layouts (not measured apart)."""
+
+
+# -- part 1: a batch like the math agent's -------------------------------------------------------
+
+
+def synthetic_row(i: int, length: int, vocab: int, rng: random.Random) -> TrajectoryRow:
+    """A row of `length` random ids, trained on the last turns of `TURNS_1` with glue between."""
+    n_turns = len(TURNS_1)
+    start = length - sum(TURNS_1) - GLUE * (n_turns - 1)
+    mask, spans = [0] * length, []
+    for k, n in enumerate(TURNS_1):
+        spans.append((start, start + n))
+        mask[start : start + n] = [1] * n
+        start += n + (GLUE if k < n_turns - 1 else 0)
+    return TrajectoryRow(
+        session_id=f"ep{i}",
+        task_id=f"task{i // 4}",
+        segment_id=f"seg{i}",
+        style="concat",
+        interaction_ids=[f"c{i}-{k}" for k in range(n_turns)],
+        input_ids=[rng.randrange(vocab) for _ in range(length)],
+        loss_mask=mask,
+        logprobs=[-1.0 * m for m in mask],
+        versions=[0 if m else -1 for m in mask],
+        reward=float(i % 2),  # groups of 4 with rewards 0, 1, 0, 1: advantages -1, +1
+        turn_spans=spans,
+        turn_rewards=[float(i % 2)] * n_turns,
+    )
+
+
+def synthetic_batch(rows: int, vocab: int, seed: int = 0) -> TrainBatch:
+    """`rows` rows of 394-472 tokens (the range of the main job's episodes)."""
+    rng = random.Random(seed)
+    return TrainBatch.from_rows([synthetic_row(i, rng.randint(394, 472), vocab, rng)
+                                 for i in range(rows)])
+
+
+# -- part 2: 5-turn sessions, exported both ways --------------------------------------------------
+
+
+def render_message(m: Message, vocab: int) -> tuple[int, ...]:
+    """Toy rendering: BOS role ids EOT, one random id per character, fixed by the message."""
+    rng = random.Random(f"{m.role}|{m.content}")
+    return (BOS, ROLE[m.role], *(rng.randrange(8, vocab) for _ in m.content), EOT)
+
+
+def text(rng: random.Random, tokens: int) -> str:
+    """A random text that renders to `tokens` ids in a message (3 are BOS, role, EOT)."""
+    return "".join(rng.choices(string.ascii_letters, k=tokens - 3))
+
+
+def record_call(session: Session, messages: list[Message], n_out: int, tool: ToolCall | None,
+                vocab: int, rng: random.Random) -> None:
+    """What the gateway does for one call: locate, render or extend, generate, record."""
+    conv = Conversation(tuple(messages))
+    located = session.locate(conv)
+    if located.reason is None and located.parent is not None:
+        body = [t for m in located.new_messages for t in render_message(m, vocab)]
+        prompt = (*located.parent.token_ids, *body, BOS, GEN)
+    else:
+        prompt = (*(t for m in messages for t in render_message(m, vocab)), BOS, GEN)
+    ids = [rng.randrange(8, vocab) for _ in range(n_out - 1)] + [EOT]
+    output = GenerateOutput(output_ids=ids, logprobs=[-1.0] * n_out, versions=[0] * n_out,
+                            finish_reason=FinishReason.STOP, timings=Timings())
+    reply = ParsedReply("" if tool else "answer", tool_calls=(tool,) if tool else ())
+    session.record(session.new_interaction(conversation=conv, reply=reply, prompt_ids=prompt,
+                                           output=output, parent=located.parent,
+                                           reason=located.reason))
+
+
+def five_turn_session(i: int, vocab: int, rng: random.Random) -> Session:
+    """An agent episode: question, 4 tool calls and results, an answer; reward 0 or 1."""
+    session = Session(f"ep{i}", task_id=f"task{i // 4}")
+    history = [Message("system", text(rng, PROMPT - 40 - 2)), Message("user", text(rng, 40))]
+    for k, n_out in enumerate(REPLIES):
+        last = k == len(REPLIES) - 1
+        tool = None if last else ToolCall(f"call_{k}", "add", '{"a": 1, "b": 2}')
+        record_call(session, history, n_out, tool, vocab, rng)
+        if not last:
+            # the tool message plus the next generation prompt (2 ids) make GLUE tokens
+            history += [Message("assistant", "", tool_calls=(tool,)),
+                        Message("tool", text(rng, GLUE - 2), tool_call_id=tool.id)]
+    session.set_final_reward(float(i % 2))
+    session.end()
+    return session
+
+
+def episode_batches(episodes: int, vocab: int, seed: int = 1) -> dict[str, TrainBatch]:
+    """The same episodes as `concat` and `individual` batches."""
+    rng = random.Random(seed)
+    sessions = [five_turn_session(i, vocab, rng) for i in range(episodes)]
+    return {style: TrainBatch.from_rows([r for s in sessions for r in export_session(s, style)])
+            for style in ("concat", "individual")}
+
+
+# -- measuring ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Result:
+    """The best of several updates of one batch under one actor."""
+
+    name: str
+    rows: int
+    real_tokens: int
+    """Sum of row lengths."""
+    forward_tokens: int
+    """Tokens the forward passes process (padding included)."""
+    trained_tokens: int
+    seconds: float
+    flops: float
+
+    @property
+    def tok_s(self) -> float:
+        """Real tokens per second."""
+        return self.real_tokens / self.seconds
+
+
+def update_fn(actor: Actor, batch: TrainBatch, cfg: TrainConfig) -> Callable[[], dict[str, float]]:
+    """One real `Actor.update` of the batch with its group advantages."""
+    adv = compute_advantages(batch, cfg)
+    return lambda: actor.update(adv.batch, adv.adv_B_T)
+
+
+def interleaved(fns: dict[str, Callable[[], dict[str, float]]], repeats: int,
+                bar: tqdm) -> dict[str, tuple[float, dict[str, float]]]:
+    """Best update time of each function over `repeats` rounds, after a warm-up round."""
+    best: dict[str, tuple[float, dict[str, float]]] = {}
+    for r in range(repeats + 1):
+        for name, fn in fns.items():
+            bar.set_postfix_str(f"{name}, round {r}")
+            metrics = fn()
+            if r > 0 and (name not in best or metrics["update_s"] < best[name][0]):
+                best[name] = (metrics["update_s"], metrics)
+            bar.update(1)
+    return best
+
+
+def result(name: str, batch: TrainBatch, seconds: float, metrics: dict[str, float],
+           body_params: int, head_params: int) -> Result:
+    """A row of the table: token counts and model FLOPs of one update."""
+    forward, trained = int(metrics["forward_tokens"]), int(metrics["n_tokens"])
+    flops = 6.0 * body_params * forward + 6.0 * head_params * trained
+    return Result(name, batch.num_rows, int(batch.lengths_B.sum()), forward, trained, seconds,
+                  flops)
+
+
+def param_counts(model: torch.nn.Module) -> tuple[int, int]:
+    """(non-embedding params, lm-head params); a tied head counts once, as the head."""
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    unique = {p.data_ptr(): p.numel() for p in model.parameters()}
+    body = sum(unique.values()) - emb.numel() - (0 if head.data_ptr() == emb.data_ptr()
+                                                 else head.numel())
+    return body, head.numel()
+
+
+def matmul_peak_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
+    """Best GFLOP/s of an n x n x n matmul in `dtype` (2 n^3 flops)."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    out = torch.empty(n, n, dtype=dtype)
+    torch.matmul(a, b, out=out)  # warm-up: oneDNN picks and caches its kernel
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.matmul(a, b, out=out)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def machine() -> str:
+    """CPU model and core count."""
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        name = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines()
+                    if "Model name" in line)
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        name = "unknown CPU"
+    return (f"{name} (lscpu model name), {os.cpu_count()} cores, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads")
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+
+def throughput_table(rows: list[Result], peaks: dict[str, float]) -> list[str]:
+    """Part 1's table."""
+    lines = ["| precision | rows | tokens | trained | update s | tokens/s | model GFLOP/s | "
+             "matmul peak GFLOP/s | share of peak |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        gflops = r.flops / r.seconds / 1e9
+        lines.append(f"| {r.name} | {r.rows} | {r.real_tokens} | {r.trained_tokens} | "
+                     f"{r.seconds:.2f} | {r.tok_s:.0f} | {gflops:.0f} | {peaks[r.name]:.0f} | "
+                     f"{gflops / peaks[r.name]:.0%} |")
+    return lines
+
+
+def packing_table(concat: Result, indiv: Result) -> list[str]:
+    """Part 2's table and ratios."""
+    lines = ["| layout | rows | tokens in rows | forward tokens (padded) | trained tokens | "
+             "update s | trained tokens/s |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in (indiv, concat):
+        lines.append(f"| {r.name} | {r.rows} | {r.real_tokens} | {r.forward_tokens} | "
+                     f"{r.trained_tokens} | {r.seconds:.2f} | "
+                     f"{r.trained_tokens / r.seconds:.1f} |")
+    lines += [
+        "",
+        f"individual / concat: {indiv.real_tokens / concat.real_tokens:.2f}x the tokens in rows, "
+        f"{indiv.forward_tokens / concat.forward_tokens:.2f}x the forward tokens, "
+        f"{indiv.trained_tokens / concat.trained_tokens:.2f}x the trained tokens, "
+        f"{indiv.seconds / concat.seconds:.2f}x the update time.",
+    ]
+    return lines
+
+
+def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
+           params: tuple[int, int], concat: Result, indiv: Result) -> str:
+    """The RESULTS.md section."""
+    body, head = params
+    lines = [
+        SECTION,
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"Machine: {meta['machine']}  ",
+        f"Date: {meta['date']}; load average (1 min) before/after: {meta['load']}",
+        "",
+        f"What is measured: `Actor.update` on the default model ({meta['model']}), default "
+        f"`TrainConfig` (micro_batch_tokens {meta['mbt']}, packing `pad`, grad clip, AdamW, "
+        "fp32 master weights and fp32 lm head): forward, backward and optimizer step, best of "
+        f"{meta['repeats']} interleaved rounds after a warm-up. `bf16=\"auto\"` resolves to "
+        f"{meta['auto']} on this CPU.",
+        "",
+        "### Update throughput",
+        "",
+        f"{part1[0].rows} rows of 394-472 random token ids (the range of the main job's math "
+        "agent episodes), loss on the last 70 tokens in 3 turns (30 + 30 + 10, 26 context "
+        "tokens between), behaviour logprobs -1, rewards 0/1 in groups of 4 (group advantages "
+        "+-0.87). Model FLOPs = 6 x "
+        f"{body / 1e6:.1f}M non-embedding params x forward tokens + 6 x {head / 1e6:.1f}M "
+        "lm-head params (tied with the embedding) x trained tokens (the actor runs the head on "
+        "trained positions only); attention scores are not counted. Peak: best of 10 "
+        "2048x2048x2048 matmuls in the same dtype.",
+        "",
+        *throughput_table(part1, peaks),
+        "",
+        "### Segment packing: concat vs individual rows",
+        "",
+        f"{meta['episodes']} agent episodes of 5 calls (a {PROMPT}-token first prompt, replies of "
+        f"{' + '.join(map(str, REPLIES))} tokens, {GLUE} tokens of tool result and template "
+        "between calls), recorded as the gateway records them (`Session.locate`, extended "
+        "prompts, `record`) and exported with `export_session` in both styles; bf16 "
+        "`Actor.update` on each.",
+        "",
+        *packing_table(concat, indiv),
+        "",
+        NOTES,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_section(text: str) -> None:
+    """Replace (or append) our section of RESULTS.md, keeping every other section."""
+    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    start = old.find(SECTION)
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + text
+    else:
+        end = old.find("\n## ", start + len(SECTION))
+        new = old[:start] + text + (old[end + 1 :] if end >= 0 else "")
+    RESULTS.write_text(new.rstrip("\n") + "\n")
+
+
+def main() -> None:
+    """Run both measurements and report."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--rows", type=int, default=16, help="rows of the throughput batch")
+    ap.add_argument("--episodes", type=int, default=8, help="5-turn episodes for the packing run")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2, help="best of N rounds per measurement")
+    ap.add_argument("--no-write", action="store_true", help="print the section only")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    load_before = os.getloadavg()[0]
+    cfg = TrainConfig()
+    path = model_path(args.model)
+    actors = {"bf16": Actor(path, cfg), "fp32": Actor(path, TrainConfig(bf16=False))}
+    if not actors["bf16"].bf16:
+        print("warning: bf16='auto' resolved to fp32 on this CPU; the bf16 row is fp32 too")
+    vocab = actors["bf16"].model.config.vocab_size
+    params = param_counts(actors["bf16"].model)
+    batch = synthetic_batch(args.rows, vocab)
+    episodes = episode_batches(args.episodes, vocab)
+    with tqdm(total=2 + 4 * (args.repeats + 1), desc="bench_train", unit="step") as bar:
+        bar.set_postfix_str("matmul peaks")
+        peaks = {"bf16": matmul_peak_gflops(torch.bfloat16), "fp32": matmul_peak_gflops(torch.float32)}
+        bar.update(2)
+        best = interleaved({name: update_fn(a, batch, cfg) for name, a in actors.items()},
+                           args.repeats, bar)
+        part1 = [result(name, batch, *best[name], *params) for name in actors]
+        del actors["fp32"]  # free its weights and AdamW moments before the long rows
+        best = interleaved({style: update_fn(actors["bf16"], b, cfg)
+                            for style, b in episodes.items()}, args.repeats, bar)
+        concat, indiv = (result(s, episodes[s], *best[s], *params) for s in ("concat", "individual"))
+    meta = {
+        "command": " ".join(["RELAYRL_HOME=/tmp/rr python benchmarks/bench_train.py", *sys.argv[1:]]),
+        "machine": machine(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d, %H:%M UTC"),
+        "load": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",
+        "model": args.model,
+        "mbt": str(cfg.micro_batch_tokens),
+        "repeats": str(args.repeats),
+        "auto": "bf16" if resolve_bf16("auto", torch.device("cpu")) else "fp32",
+        "episodes": str(args.episodes),
+    }
+    section = render(meta, part1, peaks, params, concat, indiv)
+    print(section)
+    if not args.no_write:
+        write_section(section)
+        print(f"written to {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
