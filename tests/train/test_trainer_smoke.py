@@ -40,6 +40,7 @@ def test_relayrl_train_runs_steps_and_writes_checkpoint_metrics_and_plot(tmp_pat
         f"fileroot={tmp_path / 'runs'}", "trial_name=smoke", f"sft.data={traces}",
         "sft.max_rows=8", "eval.max_items=2", "eval.base=false", "train.total_steps=2",
         "rollout.group_size=2", "rollout.batch_size=2", "workflow_kwargs.max_tokens=24",
+        "train.drop_uniform_groups=false",  # every batch then takes a step: 2 steps exactly
         f"data.train={ROOT / 'examples' / 'math_agent' / 'train.jsonl'}",
         f"data.eval={ROOT / 'examples' / 'math_agent' / 'eval.jsonl'}",
     ]
