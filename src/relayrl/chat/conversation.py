@@ -82,6 +82,40 @@ class Conversation:
         return () if self.tool_choice == "none" else self.tools
 
 
+def canonical_message(m: Message) -> str:
+    """A canonical text of a message: equal for messages a client may legitimately re-send.
+
+    Forgiven: key order and spacing in tool-call arguments (compared as parsed JSON; "" and "{}"
+    are the same), whitespace around content, None vs empty fields, and reasoning (most clients do
+    not send it back; the stored tokens keep it anyway). Used by the session's parent lookup and
+    by `Renderer.extend`, so a parent the session finds is one `extend` accepts.
+    """
+    # Length-prefixed fields (`len:value`, optional ones tagged): unambiguous, and far cheaper
+    # than JSON; every call hashes every message of its history.
+    role, content = m.role, (m.content or "").strip()
+    text = f"{len(role)}:{role}{len(content)}:{content}"
+    if m.tool_call_id:
+        text += f"i{len(m.tool_call_id)}:{m.tool_call_id}"
+    if m.name:
+        text += f"n{len(m.name)}:{m.name}"
+    for c in m.tool_calls:
+        args = canonical_arguments(c.arguments)
+        text += f"t{len(c.id)}:{c.id}{len(c.name)}:{c.name}{len(args)}:{args}"
+    return text
+
+
+def canonical_arguments(arguments: str | None) -> str:
+    """Tool-call arguments with key order and spacing normalized (raw text if not JSON)."""
+    text = (arguments or "").strip()
+    if not text:
+        return "{}"  # clients send "" and "{}" alike for a call without arguments
+    try:
+        return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False)
+    except json.JSONDecodeError:
+        return text
+
+
 @dataclass(frozen=True)
 class ParsedReply:
     """What the parsers make of a model's output text."""

@@ -57,7 +57,13 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from relayrl.chat.conversation import Conversation, Message, Tool, ToolCall
+from relayrl.chat.conversation import (
+    Conversation,
+    Message,
+    Tool,
+    ToolCall,
+    canonical_message,
+)
 from relayrl.errors import InvalidRequest, ModelError
 
 SPECIAL_TOKEN_NAMES = (
@@ -198,40 +204,6 @@ def template_tools(tools: Sequence[Tool]) -> list[dict[str, Any]] | None:
          "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
         for t in tools
     ]
-
-
-def canonical_message(m: Message) -> str:
-    """A canonical text of a message: equal for messages a client may legitimately re-send.
-
-    Forgiven: key order and spacing in tool-call arguments (compared as parsed JSON; "" and "{}"
-    are the same), whitespace around content, None vs empty fields, and reasoning (most clients do
-    not send it back; the stored tokens keep it anyway). The trajectory layer's parent lookup uses
-    the same rules, so a parent it finds is one `extend` accepts. History is always re-rendered
-    from the stored messages, so nothing forgiven here changes a prompt's tokens.
-    """
-    # Length-prefixed fields (`len:value`, optional ones tagged): unambiguous, and far cheaper
-    # than JSON; `extend` compares every message of the history on every call.
-    role, content = m.role, (m.content or "").strip()
-    text = f"{len(role)}:{role}{len(content)}:{content}"
-    if m.tool_call_id:
-        text += f"i{len(m.tool_call_id)}:{m.tool_call_id}"
-    if m.name:
-        text += f"n{len(m.name)}:{m.name}"
-    for c in m.tool_calls:
-        args = _canonical_arguments(c.arguments)
-        text += f"t{len(c.id)}:{c.id}{len(c.name)}:{c.name}{len(args)}:{args}"
-    return text
-
-
-def _canonical_arguments(arguments: str | None) -> str:
-    text = (arguments or "").strip()
-    if not text:
-        return "{}"  # clients send "" and "{}" alike for a call without arguments
-    try:
-        return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"),
-                          ensure_ascii=False)
-    except json.JSONDecodeError:
-        return text
 
 
 def first_divergence(prev: Sequence[Message], messages: Sequence[Message]) -> int | None:

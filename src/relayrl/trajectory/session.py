@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
-from relayrl.chat.conversation import Conversation, Message, ParsedReply
+from relayrl.chat.conversation import Conversation, Message, ParsedReply, canonical_message
 from relayrl.errors import (
     AuthenticationFailed,
     CapacityExhausted,
@@ -49,39 +49,6 @@ from relayrl.trajectory.records import (
 from relayrl.types import FinishReason, GenerateOutput, Timings
 
 _ROOT_HASH = b"relayrl.trajectory/prefix/2"
-
-
-def _canonical_arguments(text: str) -> str:
-    """Tool-call arguments with key order and spacing normalized (raw text if not JSON)."""
-    stripped = (text or "").strip()
-    if not stripped:
-        return "{}"  # clients send "" and "{}" interchangeably for a call without arguments
-    try:
-        obj = json.loads(stripped)
-    except json.JSONDecodeError:
-        return stripped
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def canonical_message(m: Message) -> str:
-    """A message's identity for parent lookup, forgiving harmless client rewrites.
-
-    Kept: role, stripped content, tool calls (id, name, normalized arguments), tool_call_id, name.
-    Dropped: reasoning (clients rarely send it back; the segment keeps the sampled tokens anyway).
-    None and "" are the same; so are "" and "{}" arguments. The text is length-prefixed fields
-    (`len:value`, optional fields tagged), which is unambiguous and, unlike JSON, costs almost
-    nothing to build: every call hashes every message of its history.
-    """
-    role, content = m.role, (m.content or "").strip()
-    text = f"{len(role)}:{role}{len(content)}:{content}"
-    if m.tool_call_id:
-        text += f"i{len(m.tool_call_id)}:{m.tool_call_id}"
-    if m.name:
-        text += f"n{len(m.name)}:{m.name}"
-    for c in m.tool_calls:
-        args = _canonical_arguments(c.arguments)
-        text += f"t{len(c.id)}:{c.id}{len(c.name)}:{c.name}{len(args)}:{args}"
-    return text
 
 
 def _chain(h: Any, m: Message) -> None:
