@@ -41,6 +41,7 @@ def test_relayrl_train_runs_steps_and_writes_checkpoint_metrics_and_plot(tmp_pat
         "sft.max_rows=8", "eval.max_items=2", "eval.base=false", "train.total_steps=2",
         "rollout.group_size=2", "rollout.batch_size=2", "workflow_kwargs.max_tokens=24",
         "train.drop_uniform_groups=false",  # every batch then takes a step: 2 steps exactly
+        "eval.every=2",
         f"data.train={ROOT / 'examples' / 'math_agent' / 'train.jsonl'}",
         f"data.eval={ROOT / 'examples' / 'math_agent' / 'eval.jsonl'}",
     ]
@@ -54,5 +55,6 @@ def test_relayrl_train_runs_steps_and_writes_checkpoint_metrics_and_plot(tmp_pat
     lines = [json.loads(x) for x in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines if "step_s" in m] == [1, 2]
     assert any("eval_reward_after" in m for m in lines)
+    assert [m["step"] for m in lines if "eval_reward" in m] == [2]  # eval.every=2
     assert (run / "logs" / "reward_loss.png").stat().st_size > 1000
     assert list((run / "logs").glob("events.out.tfevents.*"))

@@ -15,7 +15,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -120,7 +120,9 @@ class PPOTrainer:
                     base = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "base")
                 await run.warm_start(read_jsonl(cfg.sft.data))
             before = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "before RL")
-            await run.loop(workflow, workflow_kwargs, self.train_dataset, logger)
+            await run.loop(workflow, workflow_kwargs, self.train_dataset, logger,
+                           evaluate=lambda: run.evaluate(workflow, eval_kwargs, self.eval_dataset,
+                                                         f"at step {actor.step}"))
             after = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "after RL")
         finally:
             await run.services.aclose()
@@ -251,7 +253,8 @@ class _Run:
         return result
 
     async def loop(self, workflow: Any, kwargs: dict[str, Any] | None,
-                   dataset: Sequence[dict[str, Any]], logger: MetricsLogger) -> None:
+                   dataset: Sequence[dict[str, Any]], logger: MetricsLogger,
+                   evaluate: Callable[[], Awaitable[EvalResult | None]] | None = None) -> None:
         """RL steps until `train.total_steps` (or the data runs out)."""
         cfg, actor = self.cfg, self.actor
         async with self._controller(workflow, kwargs, dataset, is_eval=False) as controller:
@@ -271,6 +274,11 @@ class _Run:
                           f"{metrics.get('reward_mean', 0):.2f}): no step", flush=True)
                     continue
                 metrics["skipped_batches"] = float(skipped)
+                every = cfg.eval.every
+                if evaluate is not None and every and actor.step % every == 0:
+                    result = await evaluate()
+                    if result is not None:
+                        metrics["eval_reward"] = result.mean_reward
                 logger.log(actor.step, metrics)
                 _print_step(actor.step, cfg.train.total_steps, metrics)
                 every = cfg.train.checkpoint_every
