@@ -39,10 +39,10 @@ import torch
 from tqdm import tqdm
 
 from relayrl.chat.conversation import Conversation, Message, ParsedReply, ToolCall
-from relayrl.config import TrainConfig
 from relayrl.models import DEFAULT_MODEL, model_path
 from relayrl.train.actor import Actor, resolve_bf16
 from relayrl.train.advantages import compute_advantages
+from relayrl.train.config import TrainConfig
 from relayrl.train.packing import TrainBatch
 from relayrl.trajectory import Session, TrajectoryRow, export_session
 from relayrl.types import FinishReason, GenerateOutput, Timings

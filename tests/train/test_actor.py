@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from relayrl.config import TrainConfig
 from relayrl.train.actor import Actor
 from relayrl.train.advantages import broadcast_to_tokens
 from relayrl.train.checkpoint import latest_checkpoint, list_checkpoints, read_training_state
+from relayrl.train.config import TrainConfig
 from relayrl.train.metrics import MetricsLogger, read_metrics
 from relayrl.train.packing import TrainBatch, minibatch_rows
 

@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-from relayrl.config import TrainConfig
 from relayrl.errors import InvalidRequest
 from relayrl.train.advantages import (
     compute_advantages,
@@ -19,6 +18,7 @@ from relayrl.train.advantages import (
     turn_advantages,
     uniform_groups,
 )
+from relayrl.train.config import TrainConfig
 from relayrl.train.packing import TrainBatch
 
 T = torch.tensor

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from relayrl.config import TrainConfig
+from relayrl.train.config import TrainConfig
 from relayrl.train.losses import (
     LossInputs,
     clipped_surrogate,

@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from relayrl.config import TrainConfig
 from relayrl.errors import InvalidRequest
 from relayrl.train.actor import Actor
 from relayrl.train.advantages import compute_advantages
+from relayrl.train.config import TrainConfig
 from relayrl.train.packing import TrainBatch, micro_batches, plan_micro_batches
 from relayrl.trajectory.export import TrajectoryRow, to_tensor_dict
 

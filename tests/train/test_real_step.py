@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from relayrl.config import TrainConfig
 from relayrl.train.actor import Actor
 from relayrl.train.advantages import compute_advantages
+from relayrl.train.config import TrainConfig
 from relayrl.train.packing import TrainBatch
 
 pytestmark = pytest.mark.slow

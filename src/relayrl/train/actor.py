@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 
-from relayrl.config import TrainConfig
 from relayrl.errors import ModelError
 from relayrl.train.checkpoint import (
     TrainingState,
@@ -37,6 +36,7 @@ from relayrl.train.checkpoint import (
     read_training_state,
     save_checkpoint,
 )
+from relayrl.train.config import TrainConfig
 from relayrl.train.losses import LossInputs, merge_stats, ppo_loss, token_weights
 from relayrl.train.packing import MicroBatch, TrainBatch, micro_batches
 

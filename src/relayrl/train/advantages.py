@@ -21,7 +21,7 @@ import torch
 from relayrl.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from relayrl.config import TrainConfig
+    from relayrl.train.config import TrainConfig
     from relayrl.train.packing import TrainBatch
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from relayrl.config import TrainConfig
+from relayrl.train.config import TrainConfig
 
 _MAX_LOG_RATIO = 20.0
 """Log-ratios are clamped to this before `exp`, so one wild token cannot make an inf."""

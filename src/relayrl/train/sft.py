@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 import torch
 from tqdm import tqdm
 
-from relayrl.config import SFTConfig
 from relayrl.train.actor import Actor
+from relayrl.train.config import SFTConfig
 from relayrl.train.packing import TrainBatch, micro_batches
 from relayrl.trajectory.export import TrajectoryRow
 
