@@ -69,7 +69,7 @@ async def run_episodes(args: argparse.Namespace, gateway_url: str, admin_key: st
 
 def report(batch: Batch, dump_root: str) -> None:
     """Print rewards per group and where the dumps are."""
-    rewards = batch.tensors["rewards"].tolist()
+    rewards = list(batch.rows.rewards)
     start = 0
     for task_id, size in zip(dict.fromkeys(batch.task_ids), batch.group_sizes, strict=True):
         group = rewards[start:start + size]
@@ -77,7 +77,7 @@ def report(batch: Batch, dump_root: str) -> None:
         start += size
     s = batch.stats
     print(f"episodes: {s.accepted} finished, {s.rejected} rejected, {s.aborted} aborted; "
-          f"rows {batch.num_rows}, tokens/row up to {batch.tensors['input_ids'].shape[1]}")
+          f"rows {batch.num_rows}, tokens/row up to {batch.rows.max_tokens}")
     for err in s.recent_errors:
         print(f"  aborted: {err}")
     for task_id in dict.fromkeys(batch.task_ids):

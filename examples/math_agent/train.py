@@ -3,7 +3,7 @@
 1. Warm-up traces: the real MathAgent runs through a real gateway whose engine is a scripted
    teacher (examples/math_agent/teacher.py), so the traces are exactly the tokens the agent will
    produce later; they are exported as trajectory rows.
-2. `PPOTrainer` (relayrl.train): held-out eval of the base model, a short SFT warm-start on the
+2. `relayrl.launch.train` (PPOTrainer with everything in this process): held-out eval of the base model, a short SFT warm-start on the
    traces (the 135M model writes no tool calls by itself), held-out eval, GRPO steps with the
    agent running unchanged against the in-process gateway, held-out eval, checkpoint, plot.
 
@@ -22,8 +22,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from relayrl.config import RelayConfig, load_config  # noqa: E402
+from relayrl.launch import train  # noqa: E402
 from relayrl.models import model_path  # noqa: E402
-from relayrl.train.trainer import PPOTrainer, load_dataset  # noqa: E402
+from relayrl.train.trainer import load_dataset  # noqa: E402
 
 
 def main(argv: list[str]) -> None:
@@ -44,8 +45,9 @@ def main(argv: list[str]) -> None:
             # the last items of the training set: RL samples the whole set anyway
             generate_traces(model_path(cfg.model), train_items[-n:], n, out_path=traces)
         cfg = replace(cfg, sft=replace(cfg.sft, data=str(traces)))
-    trainer = PPOTrainer(cfg, train_items, load_dataset(cfg.data.eval))
-    result = trainer.train(cfg.workflow, cfg.workflow_kwargs, cfg.eval.workflow_kwargs or None)
+    result = train(cfg, train_items, load_dataset(cfg.data.eval), workflow=cfg.workflow,
+                   workflow_kwargs=cfg.workflow_kwargs,
+                   eval_workflow_kwargs=cfg.eval.workflow_kwargs or None)
     print(result.summary())
     print(f"total wall time {(time.perf_counter() - started) / 60:.1f} min")
 

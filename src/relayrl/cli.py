@@ -46,7 +46,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from relayrl.train.trainer import run_from_config
+    from relayrl.launch.run import run_from_config
 
     result = run_from_config(args.config, args.overrides)
     print(result.summary(), flush=True)
@@ -56,7 +56,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_chat(args: argparse.Namespace) -> int:
     import asyncio
 
-    from relayrl.train.chat import answer, find_checkpoint
+    from relayrl.launch.inference import answer, find_checkpoint
 
     checkpoint = args.checkpoint or find_checkpoint(args.fileroot, args.experiment, args.trial,
                                                     args.step)

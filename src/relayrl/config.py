@@ -2,8 +2,10 @@
 dotted command-line overrides (`relayrl train cfg.yaml rollout.group_size=8 train.lr=1e-6`).
 
 The loader is generic: `load_config(cls, path, overrides)` builds any dataclass from its type
-hints, so each component keeps its config next to its code (`GatewayConfig`, `RolloutConfig`)
-and this module only holds the trainer's settings and the composition. Checking is strict: an
+hints, so each component keeps its config next to its code (`GatewayConfig` in gateway/,
+`RolloutConfig` in rollout/, `TrainConfig` and friends in train/) and this module only composes
+them into `RelayConfig`. It sits above every layer (it imports their configs); nothing below
+`launch` imports it. Checking is strict: an
 unknown key or a value of the wrong type is a `ConfigError` that names the dotted key, because a
 misspelt hyperparameter that silently keeps its default wastes a whole run.
 
@@ -30,98 +32,10 @@ import yaml
 from relayrl.errors import ConfigError
 from relayrl.gateway.config import GatewayConfig
 from relayrl.rollout.config import RolloutConfig
+from relayrl.rollout.external import ExternalConfig
+from relayrl.train.config import DataConfig, EvalConfig, SFTConfig, TrainConfig
 
 T = TypeVar("T")
-
-LossAgg = Literal["token", "seq-mean-token-mean", "seq-mean-token-sum"]
-OffPolicy = Literal["decoupled", "tis", "none"]
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """How the actor updates the policy (one optimizer step per `Actor.update`)."""
-
-    lr: float = 1e-6                          # AdamW learning rate (after warm-up)
-    warmup_steps: int = 0                     # linear warm-up from 0 over this many steps
-    weight_decay: float = 0.0                 # AdamW decoupled weight decay
-    betas: tuple[float, float] = (0.9, 0.999)  # AdamW moment decays
-    adam_eps: float = 1e-8                    # AdamW denominator epsilon
-    grad_clip: float = 1.0                    # max global grad norm; 0 turns clipping off
-    micro_batch_tokens: int = 4096            # token budget of one forward/backward (rows x padded length)
-    packing: Literal["pad", "pack"] = "pad"   # "pad": rows of similar length; "pack": rows concatenated (flash-attention GPUs)
-    bf16: bool | Literal["auto"] = "auto"     # bf16 autocast; auto = on where the CPU has AMX/AVX512-BF16 or the GPU has bf16
-    attn_implementation: str = "sdpa"         # transformers attention kernel ("flash_attention_2" suits packing on GPUs)
-    total_steps: int = 100                    # optimizer steps in the run
-    minibatches: int = 1                      # optimizer steps per rollout batch (>1 makes the PPO clip bite)
-    eps_clip_low: float = 0.2                 # ratio may fall to 1 - this before the clip stops the gradient
-    eps_clip_high: float = 0.28               # ratio may rise to 1 + this (DAPO's clip-higher keeps exploring)
-    kl_coef: float = 0.0                      # weight of the k3 KL to the reference (initial) model; 0 loads no reference
-    loss_agg: LossAgg = "token"               # token: mean over all trained tokens; seq-mean-*: mean over rows
-    off_policy: OffPolicy = "decoupled"       # correction for tokens sampled by older weights
-    tis_cap: float = 2.0                      # tis: importance weights above this are truncated to it
-    behav_weight_cap: float | None = None     # decoupled: tokens whose weight exceeds this are dropped
-    drop_uniform_groups: bool = True          # drop groups whose episodes all got one reward (no signal)
-    adv_norm: Literal["std", "mean"] = "std"  # std: (r - mean) / std within a group; mean: r - mean only
-    advantage_source: Literal["group", "turn"] = "group"  # episode reward, or per-turn returns
-    fp32_logits: bool = True                  # compute logits in fp32 even under bf16 (halves the logprob error)
-    checkpoint_every: int = 50                # save every N steps; 0 saves only at the end
-    keep_checkpoints: int = 2                 # keep the newest K checkpoints (0 keeps all)
-    save_optimizer: bool = True               # write optimizer.pt so a run can resume exactly
-
-    def __post_init__(self) -> None:
-        positive = ("lr", "micro_batch_tokens", "total_steps", "minibatches", "tis_cap")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        non_negative = ("warmup_steps", "weight_decay", "grad_clip", "eps_clip_low",
-                        "eps_clip_high", "kl_coef", "checkpoint_every", "keep_checkpoints")
-        for name in non_negative:
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.eps_clip_low >= 1:
-            raise ConfigError(f"eps_clip_low must be < 1, got {self.eps_clip_low}")
-        if self.behav_weight_cap is not None and self.behav_weight_cap <= 0:
-            raise ConfigError(f"behav_weight_cap must be > 0 or null, got {self.behav_weight_cap}")
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """Held-out evaluation before and after RL (one episode per item, no training)."""
-
-    every: int = 0                            # also evaluate every N training steps; 0 = never
-    max_items: int | None = None              # evaluate on at most this many data items; None = all
-    base: bool = False                        # also evaluate the model as loaded, before the SFT warm-start
-    workflow_kwargs: dict[str, Any] = field(default_factory=dict)  # agent kwargs for eval (e.g. temperature 0)
-
-    def __post_init__(self) -> None:
-        if self.every < 0:
-            raise ConfigError(f"every must be >= 0, got {self.every}")
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Datasets: JSONL or Parquet files of items such as `{"messages": [...], "answer": "35"}`."""
-
-    train: str | None = None                  # training items
-    eval: str | None = None                   # held-out items (evaluated before and after RL)
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    """Supervised warm-start on recorded rows before RL (no data = no SFT stage)."""
-
-    data: str | None = None                   # JSONL of trajectory rows to imitate
-    epochs: int = 1                           # passes over the rows
-    rows_per_step: int = 8                    # rows per optimizer step
-    lr: float = 1e-4                          # learning rate of the warm-start (constant)
-    max_rows: int | None = None               # use at most this many rows; None = all
-
-    def __post_init__(self) -> None:
-        if self.epochs < 1 or self.rows_per_step < 1:
-            raise ConfigError("epochs and rows_per_step must be >= 1")
-        if self.lr <= 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
-
 
 @dataclass(frozen=True)
 class RelayConfig:
@@ -140,6 +54,7 @@ class RelayConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    service: ExternalConfig = field(default_factory=ExternalConfig)  # `relayrl serve` only
 
     @property
     def run_dir(self) -> Path:

@@ -24,14 +24,13 @@ async def test_a_batch_holds_whole_groups_with_ids_per_row() -> None:
     async with RolloutController(LengthWorkflow(), data, _config()) as rc:
         batch = await rc.next_batch()
     assert batch.group_sizes == (3, 3) and batch.num_rows == 6
-    assert batch.tensors["input_ids"].shape[0] == 6
-    assert "episode_ids" not in batch.tensors
+    assert batch.rows.num_rows == 6 and len(batch.rows.rows) == 6
     assert len(set(batch.episode_ids)) == 6
     for start in (0, 3):  # a group's rows are contiguous and share group and task
         assert len(set(batch.group_ids[start:start + 3])) == 1
         assert len(set(batch.task_ids[start:start + 3])) == 1
     assert batch.group_ids[0] != batch.group_ids[3]
-    rewards = batch.tensors["rewards"].tolist()
+    rewards = list(batch.rows.rewards)
     assert rewards[:3] == [rewards[0]] * 3  # same data item, same reward
     assert batch.stats.accepted >= 6 and batch.stats.rows_out == 6
 
@@ -42,7 +41,7 @@ async def test_aborted_and_rejected_episodes_are_counted_and_never_trained_on() 
         batch = await rc.next_batch()
         stats = rc.stats()
     assert batch.group_sizes == (1, 1)  # only the "ok" member of each group
-    assert batch.tensors["rewards"].tolist() == [1.0, 1.0]
+    assert list(batch.rows.rewards) == [1.0, 1.0]
     assert stats.aborted >= 2 and stats.rejected >= 2
     assert any("ValueError: agent crashed on purpose" in e for e in stats.recent_errors)
 

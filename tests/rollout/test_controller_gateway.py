@@ -66,7 +66,7 @@ async def test_agents_through_the_gateway_fill_a_batch_and_crashes_are_only_coun
     assert len(batches) == 1  # the crashing item's group had nothing to train on
     (batch,) = batches
     assert batch.group_sizes == (2,)
-    assert sorted(batch.tensors["rewards"].tolist()) == [0.0, 1.0]
+    assert sorted(batch.rows.rewards) == [0.0, 1.0]
     assert stats.aborted == 2 and stats.groups_dropped == 1
     assert all("flaky tool failed" in e for e in stats.recent_errors)
     assert not _open(gw)
@@ -104,7 +104,7 @@ async def test_the_math_example_runs_grouped_episodes_and_writes_dumps(model_dir
             assert not [s for s in gateway.deps.store if s.state == SessionState.OPEN]
     finally:
         sys.path.remove(str(EXAMPLE))
-    assert batch.tensors["rewards"].tolist() == [1.0, 1.0, 1.0]
+    assert list(batch.rows.rewards) == [1.0, 1.0, 1.0]
     assert batch.num_rows == 3  # each episode's three calls extend each other: one concat row
     run_episodes.report(batch, str(tmp_path / "dumps"))
     dumps = list((tmp_path / "dumps" / "math_agent" / "example").rglob("*.jsonl"))

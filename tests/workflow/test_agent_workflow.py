@@ -65,9 +65,9 @@ async def test_an_inline_agent_gets_rows_its_float_reward_and_its_ids(gw, client
     (iid, row), = out.result.items()
     assert row.interaction_ids == [iid] and row.reward == 1.0
     assert row.task_id == "t1"
-    assert out.tensors["episode_ids"] == ("ep-0",) and out.tensors["group_ids"] == ("grp-1",)
-    assert out.tensors["rewards"].tolist() == [1.0]
-    assert int(out.tensors["loss_mask"].sum()) == sum(row.loss_mask) > 0
+    assert out.rows.episode_ids == ("ep-0",) and out.rows.group_ids == ("grp-1",)
+    assert list(out.rows.rewards) == [1.0]
+    assert sum(out.rows.rows[0].loss_mask) == sum(row.loss_mask) > 0
     assert not _open_sessions(gw)
 
 
@@ -123,7 +123,7 @@ async def test_an_agent_that_raises_is_aborted_and_its_session_released(gw, clie
     finally:
         await wf.aclose()
     assert out.status == EpisodeStatus.ABORTED
-    assert "tool backend unreachable" in out.error and out.tensors is None
+    assert "tool backend unreachable" in out.error and out.rows is None
     assert not _open_sessions(gw)
 
 

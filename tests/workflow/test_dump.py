@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import json
 
-import torch
-
-from relayrl.workflow import TrajectoryDumper, concat_padded, tokenizer_decoder
+from relayrl.trajectory.batch import RowBatch
+from relayrl.workflow import TrajectoryDumper, rows_from_tensor_dict, tokenizer_decoder
 from tests.workflow.helpers import make_td
 
 
-def _group() -> dict:
-    a = dict(make_td(1, 5, reward=1.0, prompt_len=2, version=3), episode_ids=("e0",),
-             group_ids=("g",))
-    b = dict(make_td(1, 7, reward=0.0, prompt_len=3, version=4), episode_ids=("e1",),
-             group_ids=("g",))
+def _group() -> RowBatch:
+    a = make_td(1, 5, reward=1.0, prompt_len=2, version=3)
+    b = make_td(1, 7, reward=0.0, prompt_len=3, version=4)
     b["versions"][0, 6] = 5  # a weight update landed before the last token
-    return concat_padded([a, b])
+    return RowBatch.concat([RowBatch.of_episode(rows_from_tensor_dict(a, "e0"), "e0", "g"),
+                            RowBatch.of_episode(rows_from_tensor_dict(b, "e1"), "e1", "g")])
 
 
 def test_a_group_is_dumped_in_the_seed_layout_one_line_per_sample(tmp_path) -> None:
@@ -52,8 +50,8 @@ def test_eval_dumps_go_under_eval_rollout_and_text_is_decoded(tmp_path, model_di
 def test_a_rewrite_replaces_the_file_whole(tmp_path) -> None:
     dumper = TrajectoryDumper(tmp_path, "exp", "t")
     dumper.dump(_group(), task_id="1", version=0)
-    one = dict(make_td(1, 4), episode_ids=("x",), group_ids=("y",))
+    one = RowBatch.of_episode(rows_from_tensor_dict(make_td(1, 4), "x"), "x", "y")
     path = dumper.dump(one, task_id="1", version=0)
     lines = path.read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["episode_id"] == "x"
-    assert torch.equal(one["input_ids"], make_td(1, 4)["input_ids"])
+    assert json.loads(lines[0])["seqlen"] == 4

@@ -17,7 +17,7 @@ from relayrl.workflow import (
     episode_scope,
     merge_results,
     run_episode,
-    to_tensors,
+    to_rows,
 )
 from relayrl.workflow import workflow_context as wc
 from tests.workflow.helpers import LengthWorkflow, ScriptedWorkflow, make_td
@@ -72,8 +72,8 @@ async def test_group_members_returning_rows_keep_their_episode_and_group() -> No
     for iid, row in merged.items():
         assert row.metadata["episode_id"] == iid
     assert len({r.metadata["group_id"] for r in merged.values()}) == 1
-    td = to_tensors(merged, EpisodeContext())
-    assert sorted(td["episode_ids"]) == sorted(merged)
+    rows = to_rows(merged, EpisodeContext())
+    assert sorted(rows.episode_ids) == sorted(merged)
 
 
 async def test_a_group_of_rejections_is_none_and_some_rejections_are_dropped() -> None:
@@ -103,13 +103,13 @@ async def test_run_episode_tells_finished_rejected_and_aborted_apart(plan, statu
     ctx = EpisodeContext(task_id="7", episode_id="e", group_id="g")
     out = await run_episode(ScriptedWorkflow(), None, {"plan": [plan]}, ctx, timeout_s=0.2)
     assert out.status == status
-    assert (out.tensors is not None) == (status == EpisodeStatus.FINISHED)
+    assert (out.rows is not None) == (status == EpisodeStatus.FINISHED)
     if error is None:
         assert out.error is None
     else:
         assert error in out.error
     if status == EpisodeStatus.FINISHED:
-        assert out.tensors["episode_ids"] == ("e",) and out.tensors["group_ids"] == ("g",)
+        assert out.rows.episode_ids == ("e",) and out.rows.group_ids == ("g",)
 
 
 async def test_concurrent_episodes_each_see_only_their_own_context() -> None:

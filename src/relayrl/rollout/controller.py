@@ -5,7 +5,8 @@ episodes + one group <= `max_concurrent_rollouts`, and the staleness rule (`Stal
 Each group runs its `group_size` episodes at once; when all have ended, the group is *accepted*
 if at least one episode finished with rows, else it is dropped (all rejected or aborted), and
 its slot goes back. `next_batch` waits for `batch_size` accepted groups and returns them, oldest
-first, as one padded tensor batch with per-row episode, group and task ids.
+first, as one `RowBatch` (torch-free rows with per-row episode and group ids) plus task ids;
+the trainer makes tensors from it.
 
 Aborted episodes (the agent raised, hung past the timeout, the engine or gateway failed) are
 counted and their errors kept; their calls never reach a batch. Sessions and capacity are
@@ -23,20 +24,19 @@ import logging
 import random
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import torch
 from tqdm import tqdm
 
 from relayrl.errors import ConfigError, InvalidRequest
 from relayrl.rollout.config import RolloutConfig
 from relayrl.rollout.staleness import StalenessGate
+from relayrl.trajectory.batch import RowBatch
 from relayrl.workflow.base import RolloutWorkflow
 from relayrl.workflow.context import EpisodeContext, episode_scope
 from relayrl.workflow.dump import Decode, TrajectoryDumper
 from relayrl.workflow.grouped import EpisodeOutcome, EpisodeStatus, GroupedWorkflow, new_group_id
-from relayrl.workflow.tensors import LABEL_FIELDS, TensorDict, concat_padded
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +77,8 @@ class RolloutStats:
 class Batch:
     """Rows of complete groups, ready for the trainer."""
 
-    tensors: dict[str, torch.Tensor]
-    """Seed 004 fields: `[rows, T]` (`rewards`: `[rows]`), right-padded."""
-    episode_ids: tuple[str, ...]
-    group_ids: tuple[str, ...]
+    rows: RowBatch
+    """The rows, each with its episode and group id; a group's rows are contiguous."""
     task_ids: tuple[str, ...]
     group_sizes: tuple[int, ...]
     """Rows per group; a group's rows are contiguous, groups in `group_ids` order."""
@@ -93,18 +91,24 @@ class Batch:
     @property
     def num_rows(self) -> int:
         """Rows in the batch."""
-        return len(self.episode_ids)
+        return self.rows.num_rows
+
+    @property
+    def episode_ids(self) -> tuple[str, ...]:
+        """Per row: the episode it came from."""
+        return self.rows.episode_ids
+
+    @property
+    def group_ids(self) -> tuple[str, ...]:
+        """Per row: its group (the episodes sampled for one data item)."""
+        return self.rows.group_ids
 
 
 @dataclass
 class _Group:
     task_id: str
     admitted_version: int
-    tensors: TensorDict
-    rows: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.rows = len(self.tensors["episode_ids"])
+    rows: RowBatch
 
 
 class RolloutController:
@@ -249,7 +253,8 @@ class RolloutController:
                     self.engine, data, self.config.episode_timeout_s, on_done=on_done)
             finished = [o for o in outcomes if o.status == EpisodeStatus.FINISHED]
             if finished:
-                group = _Group(task_id, version, concat_padded([o.tensors for o in finished]))
+                group = _Group(task_id, version,
+                               RowBatch.concat(o.rows for o in finished if o.rows is not None))
                 self._ready.append(group)
                 accepted = True
                 self._dump(group)
@@ -282,7 +287,7 @@ class RolloutController:
         if self._dumper is None:
             return
         try:
-            self._dumper.dump(group.tensors, group.task_id, self.version, self.config.is_eval)
+            self._dumper.dump(group.rows, group.task_id, self.version, self.config.is_eval)
         except OSError as e:  # a full disk must not stop training
             log.warning("could not dump group %s: %s", group.task_id, e)
 
@@ -312,21 +317,19 @@ class RolloutController:
         return self._make_batch(groups)
 
     def _make_batch(self, groups: list[_Group]) -> Batch:
-        merged = concat_padded([g.tensors for g in groups])
+        merged = RowBatch.concat(g.rows for g in groups)
         version = self.version
-        heads = _head_versions(merged)
-        admitted = [g.admitted_version for g in groups for _ in range(g.rows)]
+        heads = merged.head_versions()
+        admitted = [g.admitted_version for g in groups for _ in range(g.rows.num_rows)]
         staleness = tuple(version - (h if h >= 0 else a)
                           for h, a in zip(heads, admitted, strict=True))
         self._rows_out += len(staleness)
         self._staleness_sum += sum(staleness)
         self._poke()  # handing out frees no slot, but the trainer may bump the version next
         return Batch(
-            tensors={k: v for k, v in merged.items() if k not in LABEL_FIELDS},
-            episode_ids=tuple(merged["episode_ids"]),
-            group_ids=tuple(merged["group_ids"]),
-            task_ids=tuple(g.task_id for g in groups for _ in range(g.rows)),
-            group_sizes=tuple(g.rows for g in groups),
+            rows=merged,
+            task_ids=tuple(g.task_id for g in groups for _ in range(g.rows.num_rows)),
+            group_sizes=tuple(g.rows.num_rows for g in groups),
             version=version,
             staleness=staleness,
             stats=self.stats(),
@@ -377,14 +380,3 @@ class RolloutController:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-
-def _head_versions(td: TensorDict) -> list[int]:
-    """Per row, the version of its first trained token (-1 when it has none or no versions)."""
-    if "versions" not in td:
-        return [-1] * len(td["episode_ids"])
-    versions_B_T = td["versions"]
-    mask_B_T = (td["loss_mask"] if "loss_mask" in td else td["attention_mask"]).bool()
-    mask_B_T = mask_B_T & (versions_B_T >= 0)
-    first_T = mask_B_T.int().argmax(dim=1)
-    head_B = versions_B_T.gather(1, first_T.unsqueeze(1)).squeeze(1)
-    return [int(h) if m else -1 for h, m in zip(head_B, mask_B_T.any(dim=1), strict=True)]

@@ -30,6 +30,7 @@ import torch
 from relayrl.errors import InvalidRequest
 
 if TYPE_CHECKING:
+    from relayrl.trajectory.batch import RowBatch
     from relayrl.trajectory.export import TrajectoryRow
 
 
@@ -122,21 +123,37 @@ class TrainBatch:
         )
 
     @classmethod
-    def from_rows(cls, rows: Sequence[TrajectoryRow]) -> TrainBatch:
-        """From exported rows (episode = session, group = task, or the session if it has none)."""
+    def from_rows(cls, rows: Sequence[TrajectoryRow], episode_ids: Sequence[str] | None = None,
+                  group_ids: Sequence[str] | None = None) -> TrainBatch:
+        """Rows as a padded batch, turn spans and turn rewards kept.
+
+        Episode and group ids default to each row's session and task (the session if it has
+        none). Rows that lack a loss mask or behaviour logprobs (a tensor dict without them)
+        are refused: the trainer would otherwise train on made-up numbers.
+        """
         from relayrl.trajectory.export import to_tensor_dict
 
         if not rows:
             raise InvalidRequest("no rows to train on")
+        for r in rows:
+            lacking = {"loss_mask", "logprobs"} & set(r.metadata.get("missing", ()))
+            if lacking:
+                raise InvalidRequest(f"rows lack {sorted(lacking)}: the trainer needs what to "
+                                     "train on and the behaviour logprobs of those tokens")
         return replace(
             cls.from_tensors(
                 to_tensor_dict(rows),
-                episode_ids=[r.session_id for r in rows],
-                group_ids=[r.task_id or r.session_id for r in rows],
+                episode_ids=episode_ids or [r.session_id for r in rows],
+                group_ids=group_ids or [r.task_id or r.session_id for r in rows],
             ),
             turn_spans=tuple(tuple((int(s), int(e)) for s, e in r.turn_spans) for r in rows),
             turn_rewards=tuple(tuple(float(x) for x in r.turn_rewards) for r in rows),
         )
+
+    @classmethod
+    def from_row_batch(cls, batch: RowBatch) -> TrainBatch:
+        """From the rollout's typed rows, with their episode and group labels."""
+        return cls.from_rows(batch.rows, batch.episode_ids, batch.group_ids)
 
     def select(self, rows: Sequence[int]) -> TrainBatch:
         """The batch restricted to these rows, in this order (minibatches)."""

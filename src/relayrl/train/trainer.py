@@ -1,10 +1,14 @@
-"""`PPOTrainer`: the training loop. Agents run unchanged against an in-process gateway; the
-trainer takes batches of whole groups from the rollout controller, updates the policy, and pushes
-the new weights into the engine between decode steps.
+"""`PPOTrainer`: the training loop. The trainer takes batches of whole groups from a batch
+source, updates the policy, and pushes the new weights into the engine between decode steps.
+What serves the policy (engine, gateway, the agents' sessions) is started by a `Launcher` from
+`relayrl.launch` and reached only through the protocols in `relayrl.train.ports`.
 
 One step: `controller.next_batch()` → `compute_advantages` → `actor.update` (in a worker thread,
 so rollouts for the next batch keep sampling: asynchronous, bounded by `max_staleness`) →
 `engine.update_weights` → log. Everything else here is set-up and tear-down.
+
+Imports: train, rollout (records and config), trajectory, models. Never engine, gateway or
+client: those belong to the launcher.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import random
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -22,19 +25,17 @@ from typing import Any
 
 import torch
 
-from relayrl.client import SessionClient
-from relayrl.config import RelayConfig, dump_config
 from relayrl.errors import ConfigError
 from relayrl.models import model_path
-from relayrl.rollout import Batch, RolloutController
+from relayrl.rollout import Batch
 from relayrl.train.actor import Actor
 from relayrl.train.advantages import compute_advantages
 from relayrl.train.checkpoint import latest_checkpoint
 from relayrl.train.metrics import MetricsLogger
 from relayrl.train.packing import TrainBatch
+from relayrl.train.ports import BatchSource, Launcher, Services, TrainerSettings
 from relayrl.train.sft import run_sft
 from relayrl.trajectory import read_jsonl
-from relayrl.workflow import resolve_workflow
 
 
 @dataclass(frozen=True)
@@ -86,11 +87,17 @@ def load_dataset(path: str | Path) -> list[dict[str, Any]]:
 
 
 class PPOTrainer:
-    """Trains the policy on episodes of any agent (`trainer.train(workflow="my_agent.MathAgent")`)."""
+    """Trains the policy on episodes of any agent (`trainer.train(workflow="my_agent.MathAgent")`).
 
-    def __init__(self, config: RelayConfig, train_dataset: Sequence[dict[str, Any]],
-                 eval_dataset: Sequence[dict[str, Any]] | None = None) -> None:
+    `launcher` starts what serves the policy; `relayrl.launch.LocalLauncher(config)` runs the
+    engine and the gateway in this process (`relayrl.launch.train` wires that up for you).
+    """
+
+    def __init__(self, config: TrainerSettings, train_dataset: Sequence[dict[str, Any]],
+                 eval_dataset: Sequence[dict[str, Any]] | None = None, *,
+                 launcher: Launcher) -> None:
         self.config = config
+        self.launcher = launcher
         self.train_dataset = list(train_dataset)
         limit = config.eval.max_items
         self.eval_dataset = list(eval_dataset)[:limit] if eval_dataset else None
@@ -105,13 +112,11 @@ class PPOTrainer:
         """`train`, for callers already inside an event loop."""
         cfg = self.config
         started = time.perf_counter()
-        limit_heap_growth()
         _seed_everything(cfg.seed)
-        dump_config(cfg, cfg.run_dir / "config.yaml")
         actor = self._make_actor()
         fresh = actor.step == 0
         eval_kwargs = eval_workflow_kwargs or workflow_kwargs
-        run = _Run(cfg, actor, await _start_services(cfg, actor))
+        run = _Run(cfg, actor, await self.launcher(actor))
         base = None
         logger = MetricsLogger(cfg.log_dir)
         try:
@@ -147,79 +152,28 @@ def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def limit_heap_growth(threshold_bytes: int = 1 << 20) -> bool:
-    """Serve large allocations with mmap so freed tensors go back to the OS (glibc only).
-
-    Training and rollouts allocate tensors of ever-changing shapes from several threads; glibc's
-    heap keeps the freed blocks and the process grew by about 1 GB a minute until the OOM killer
-    ended it (measured: a main-job run reached 20 GB). A fixed mmap threshold keeps it flat.
-    """
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        return bool(libc.mallopt(-3, threshold_bytes))  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):  # not glibc
-        return False
-
-
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
 
 
 @dataclass
-class _Services:
-    """The engine, the gateway on loopback, and a session client bound to it."""
-
-    engine: Any
-    gateway: Any
-    client: SessionClient
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
-        self.gateway.stop()
-        await self.engine.aclose()
-
-
-async def _start_services(cfg: RelayConfig, actor: Actor) -> _Services:
-    from relayrl.engine.local import LocalEngine
-    from relayrl.gateway.server import GatewayThread, build_deps
-
-    engine = LocalEngine(actor.model_dir(), seed=cfg.seed)
-    if actor.version:
-        await engine.update_weights(actor.state_dict_for_engine(), version=actor.version)
-    gw_cfg = replace(cfg.gateway_config(), model=actor.model_dir(),
-                     model_label=cfg.gateway.model_label or cfg.model)
-    gateway = GatewayThread(build_deps(gw_cfg, engine=engine)).start()
-    client = SessionClient(gateway.url, admin_key=gw_cfg.admin_key,
-                           timeout_s=cfg.rollout.episode_timeout_s)
-    return _Services(engine, gateway, client)
-
-
-@dataclass
 class _Run:
     """One training run's moving parts."""
 
-    cfg: RelayConfig
+    cfg: TrainerSettings
     actor: Actor
-    services: _Services
+    services: Services
 
     def _controller(self, workflow: Any, kwargs: dict[str, Any] | None,
-                    dataset: Sequence[dict[str, Any]], is_eval: bool) -> RolloutController:
-        cfg = self.cfg
-        rollout = cfg.rollout
+                    dataset: Sequence[dict[str, Any]], is_eval: bool) -> BatchSource:
+        rollout = self.cfg.rollout
         if is_eval:
             rollout = replace(rollout, group_size=1, batch_size=len(dataset), epochs=1,
                               shuffle=False, is_eval=True, max_staleness=0,
                               max_concurrent_rollouts=max(1, rollout.max_concurrent_rollouts))
-        wf = resolve_workflow(workflow, kwargs, rollout.group_size, gateway=self.services.client,
-                              agent_config=rollout.agent_config())
-        return RolloutController(wf, dataset, rollout, version_fn=lambda: self.actor.version)
+        return self.services.batches(workflow, kwargs, dataset, rollout,
+                                     version_fn=lambda: self.actor.version)
 
     async def warm_start(self, rows: Sequence[Any]) -> None:
         """SFT on recorded traces, then serve the warmed weights (the version stays 0)."""
@@ -243,8 +197,7 @@ class _Run:
                     if s.groups_accepted + s.groups_dropped >= len(dataset) and not s.groups_queued:
                         break  # every item ran once (asking again would wait for more data)
                     batch = await controller.next_batch()
-                    for ep, r in zip(batch.episode_ids, batch.tensors["rewards"].tolist(),
-                                     strict=True):
+                    for ep, r in zip(batch.episode_ids, batch.rows.rewards, strict=True):
                         rewards[ep] = max(r, rewards.get(ep, float("-inf")))
             aborted = controller.stats().aborted
         result = EvalResult(sum(rewards.values()) / len(dataset), len(dataset), aborted)
@@ -288,7 +241,7 @@ class _Run:
     async def step(self, batch: Batch) -> dict[str, float]:
         """One RL step on a batch: advantages, update (off the event loop), push weights."""
         started = time.perf_counter()
-        tb = TrainBatch.from_tensors(batch.tensors, batch.episode_ids, batch.group_ids)
+        tb = TrainBatch.from_row_batch(batch.rows)
         adv = compute_advantages(tb, self.cfg.train)
         # rollouts keep sampling with the old weights while the update runs in a thread
         metrics = await asyncio.to_thread(self.actor.update, adv.batch, adv.adv_B_T)
@@ -311,21 +264,3 @@ def _print_step(step: int, total: int, m: dict[str, float]) -> None:
     keys = ("reward_mean", "loss", "approx_kl", "clip_frac", "tokens_per_s", "step_s")
     shown = " ".join(f"{k}={m[k]:.3g}" for k in keys if k in m)
     print(f"step {step}/{total} {shown}", flush=True)
-
-
-def run_from_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainResult:
-    """`relayrl train CONFIG [overrides]`: load the config and datasets, then train."""
-    from relayrl.config import load_config
-
-    cfg = load_config(RelayConfig, path, overrides)
-    # agents named relative to the config ("agent.MathAgent") import from its folder
-    folder = str(Path(path).resolve().parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    if not cfg.data.train:
-        raise ConfigError("data.train: a training dataset (JSONL or Parquet) is required")
-    if not cfg.workflow:
-        raise ConfigError("workflow: name the agent or workflow to train, e.g. my_agent.MathAgent")
-    trainer = PPOTrainer(cfg, load_dataset(cfg.data.train),
-                         load_dataset(cfg.data.eval) if cfg.data.eval else None)
-    return trainer.train(cfg.workflow, cfg.workflow_kwargs, cfg.eval.workflow_kwargs or None)

@@ -2,7 +2,7 @@
 
 from relayrl.workflow import context as workflow_context
 from relayrl.workflow.agent import AgentConfig, AgentWorkflow
-from relayrl.workflow.base import EpisodeResult, RolloutWorkflow, is_interaction_dict, to_tensors
+from relayrl.workflow.base import EpisodeResult, RolloutWorkflow, is_interaction_dict, to_rows
 from relayrl.workflow.context import EpisodeContext, episode_scope, stat_scope
 from relayrl.workflow.dump import TrajectoryDumper, tokenizer_decoder
 from relayrl.workflow.grouped import (
@@ -14,7 +14,12 @@ from relayrl.workflow.grouped import (
 )
 from relayrl.workflow.resolve import import_dotted, resolve_workflow
 from relayrl.workflow.reward import AsyncRewardWrapper
-from relayrl.workflow.tensors import TensorDict, concat_padded, validate_tensor_dict
+from relayrl.workflow.tensors import (
+    TensorDict,
+    concat_padded,
+    rows_from_tensor_dict,
+    validate_tensor_dict,
+)
 
 __all__ = [
     "AgentConfig",
@@ -34,9 +39,10 @@ __all__ = [
     "is_interaction_dict",
     "merge_results",
     "resolve_workflow",
+    "rows_from_tensor_dict",
     "run_episode",
     "stat_scope",
-    "to_tensors",
+    "to_rows",
     "tokenizer_decoder",
     "validate_tensor_dict",
     "workflow_context",

@@ -1,9 +1,9 @@
 """`RolloutWorkflow`: one episode from one data item, and what an episode may return.
 
 An episode returns a tensor dict (seed 004's fields), a dict of `TrajectoryRow`s keyed by
-interaction id (what the gateway exports), or `None` to reject itself. `to_tensors` turns any of
-these into one labelled tensor dict, so everything after the episode (grouping, batching,
-dumps) handles a single form. Exceptions are not a return value: an episode that raises is
+interaction id (what the gateway exports), or `None` to reject itself. `to_rows` turns any of
+these into one labelled `RowBatch` (torch-free rows), so everything after the episode (grouping,
+batching, dumps, the trainer) handles a single form and nothing is lost on the way. Exceptions are not a return value: an episode that raises is
 *aborted* by whoever runs it, and never becomes a row with reward 0.
 """
 
@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from relayrl.errors import InvalidRequest
-from relayrl.trajectory import TrajectoryRow, to_tensor_dict
+from relayrl.trajectory import TrajectoryRow
+from relayrl.trajectory.batch import RowBatch
 from relayrl.workflow.context import EpisodeContext
-from relayrl.workflow.tensors import TensorDict, validate_tensor_dict, with_labels
+from relayrl.workflow.tensors import TensorDict, rows_from_tensor_dict
 
 EpisodeResult = TensorDict | dict[str, TrajectoryRow] | None
 """What `arun_episode` returns: tensors, rows keyed by interaction id, or None (rejected)."""
@@ -40,20 +41,20 @@ def is_interaction_dict(result: Any) -> bool:
             and all(isinstance(v, TrajectoryRow) for v in result.values()))
 
 
-def to_tensors(result: EpisodeResult, ctx: EpisodeContext) -> TensorDict | None:
-    """One episode's result as a validated, labelled tensor dict (None if rejected or empty).
+def to_rows(result: EpisodeResult, ctx: EpisodeContext) -> RowBatch | None:
+    """One episode's result as labelled rows (None if rejected or empty).
 
     Rows that carry their own episode and group (in their metadata, or in the session metadata
-    the agent workflow sets) keep them; everything else is labelled with `ctx`.
+    the agent workflow sets; tensor dicts in their label fields) keep them; everything else is
+    labelled with `ctx`.
     """
     if result is None or (isinstance(result, Mapping) and not result):
         return None
     if is_interaction_dict(result):
         rows = list(result.values())  # type: ignore[union-attr]
-        td: TensorDict = dict(to_tensor_dict(rows))
-        td["episode_ids"] = tuple(_row_label(r, "episode_id", ctx.episode_id) for r in rows)
-        td["group_ids"] = tuple(_row_label(r, "group_id", ctx.group_id) for r in rows)
-        return td
+        return RowBatch(tuple(rows),
+                        tuple(_row_label(r, "episode_id", ctx.episode_id) for r in rows),
+                        tuple(_row_label(r, "group_id", ctx.group_id) for r in rows))
     if isinstance(result, Mapping) and any(isinstance(v, TrajectoryRow)
                                            for v in result.values()):
         bad = next(k for k, v in result.items() if not isinstance(v, TrajectoryRow))
@@ -63,8 +64,11 @@ def to_tensors(result: EpisodeResult, ctx: EpisodeContext) -> TensorDict | None:
             f"arun_episode returned a {type(result).__name__}; expected a tensor dict, "
             "a dict of TrajectoryRow keyed by interaction id, or None"
         )
-    validate_tensor_dict(result)
-    return with_labels(result, ctx.episode_id, ctx.group_id)
+    rows = rows_from_tensor_dict(result, ctx.episode_id, ctx.task_id or None)
+    n = len(rows)
+    episode_ids = tuple(result.get("episode_ids") or (ctx.episode_id,) * n)
+    group_ids = tuple(result.get("group_ids") or (ctx.group_id,) * n)
+    return RowBatch(tuple(rows), episode_ids, group_ids)
 
 
 def _row_label(row: TrajectoryRow, key: str, default: str) -> str:

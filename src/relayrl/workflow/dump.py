@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from relayrl.trajectory.batch import RowBatch
 from relayrl.types import PROMPT_VERSION
 from relayrl.workflow.context import EVAL_SCOPE, ROLLOUT_SCOPE
-from relayrl.workflow.tensors import TensorDict, batch_size
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -47,43 +47,40 @@ class TrajectoryDumper:
         scope = EVAL_SCOPE if is_eval else ROLLOUT_SCOPE
         return self.root / scope / str(version) / f"{task_id}.jsonl"
 
-    def records(self, td: TensorDict, task_id: str) -> list[dict[str, Any]]:
-        """One JSON-ready record per row of `td`."""
-        return [self._record(td, i, task_id) for i in range(batch_size(td))]
+    def records(self, batch: RowBatch, task_id: str) -> list[dict[str, Any]]:
+        """One JSON-ready record per row of `batch`."""
+        return [self._record(batch, i, task_id) for i in range(batch.num_rows)]
 
-    def _record(self, td: TensorDict, i: int, task_id: str) -> dict[str, Any]:
-        seqlen = int(td["attention_mask"][i].sum())
-        ids = [int(t) for t in td["input_ids"][i, :seqlen]]
-        mask = ([int(m) for m in td["loss_mask"][i, :seqlen]] if "loss_mask" in td
-                else [1] * seqlen)
-        prompt_len = mask.index(1) if 1 in mask else seqlen
-        versions = ([int(v) for v, m in zip(td["versions"][i, :seqlen], mask, strict=True) if m]
-                    if "versions" in td else [])
+    def _record(self, batch: RowBatch, i: int, task_id: str) -> dict[str, Any]:
+        row = batch.rows[i]
+        ids = row.input_ids
+        prompt_len = row.loss_mask.index(1) if 1 in row.loss_mask else len(ids)
+        versions = [v for v, m in zip(row.versions, row.loss_mask, strict=True) if m]
         return {
             "task_id": task_id,
             "sample_idx": i,
-            "seqlen": seqlen,
+            "seqlen": len(ids),
             "prompt_len": prompt_len,
             "head_version": versions[0] if versions else PROMPT_VERSION,
             "tail_version": versions[-1] if versions else PROMPT_VERSION,
-            "reward": float(td["rewards"][i]) if "rewards" in td else None,
+            "reward": row.reward,
             "prompt": self._text(ids[:prompt_len]),
             "completion": self._text(ids[prompt_len:]),
-            "episode_id": td["episode_ids"][i] if "episode_ids" in td else None,
-            "group_id": td["group_ids"][i] if "group_ids" in td else None,
+            "episode_id": batch.episode_ids[i],
+            "group_id": batch.group_ids[i],
         }
 
     def _text(self, ids: list[int]) -> str | list[int]:
         return self.decode(ids) if self.decode is not None else ids
 
-    def dump(self, td: TensorDict, task_id: str, version: int, is_eval: bool = False) -> Path:
-        """Write `td`'s rows as `{task_id}.jsonl` under `version`, atomically; returns the path."""
+    def dump(self, batch: RowBatch, task_id: str, version: int, is_eval: bool = False) -> Path:
+        """Write `batch`'s rows as `{task_id}.jsonl` under `version`, atomically; returns the path."""
         path = self.path(task_id, version, is_eval)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
         try:
             with tmp.open("w", encoding="utf-8") as f:
-                for record in self.records(td, task_id):
+                for record in self.records(batch, task_id):
                     f.write(json.dumps(record, ensure_ascii=False) + "\n")
             os.replace(tmp, path)
         finally:

@@ -23,10 +23,11 @@ from typing import Any
 
 from relayrl.errors import EpisodeFailed, InvalidRequest
 from relayrl.trajectory import TrajectoryRow
-from relayrl.workflow.base import EpisodeResult, RolloutWorkflow, is_interaction_dict, to_tensors
+from relayrl.trajectory.batch import RowBatch
+from relayrl.workflow.base import EpisodeResult, RolloutWorkflow, is_interaction_dict, to_rows
 from relayrl.workflow.context import EpisodeContext, episode_scope
 from relayrl.workflow.context import get as current_context
-from relayrl.workflow.tensors import TensorDict, concat_padded, validate_tensor_dict, with_labels
+from relayrl.workflow.tensors import concat_padded, validate_tensor_dict, with_labels
 
 
 class EpisodeStatus(StrEnum):
@@ -48,8 +49,8 @@ class EpisodeOutcome:
     status: EpisodeStatus
     result: EpisodeResult = None
     """What the episode returned, labelled with its episode and group (None unless finished)."""
-    tensors: TensorDict | None = None
-    """The rows as one validated, labelled tensor dict (None unless finished)."""
+    rows: RowBatch | None = None
+    """The rows, labelled with their episode and group (None unless finished)."""
     error: str | None = None
     """`Type: message` of what aborted it."""
     elapsed_s: float = 0.0
@@ -74,7 +75,7 @@ async def run_episode(workflow: RolloutWorkflow, engine: Any, data: dict[str, An
             async with asyncio.timeout(timeout_s):
                 result = await workflow.arun_episode(engine, data)
             result = label_result(result, ctx)
-            tensors = to_tensors(result, ctx)
+            rows = to_rows(result, ctx)
         except TimeoutError:
             return EpisodeOutcome(ctx, EpisodeStatus.ABORTED,
                                   error=f"TimeoutError: episode ran past {timeout_s} s",
@@ -82,8 +83,8 @@ async def run_episode(workflow: RolloutWorkflow, engine: Any, data: dict[str, An
         except Exception as e:  # any failure of user code aborts the episode, with its error
             return EpisodeOutcome(ctx, EpisodeStatus.ABORTED, error=f"{type(e).__name__}: {e}",
                                   elapsed_s=time.monotonic() - start)
-    status = EpisodeStatus.REJECTED if tensors is None else EpisodeStatus.FINISHED
-    return EpisodeOutcome(ctx, status, result if tensors is not None else None, tensors,
+    status = EpisodeStatus.REJECTED if rows is None else EpisodeStatus.FINISHED
+    return EpisodeOutcome(ctx, status, result if rows is not None else None, rows,
                           elapsed_s=time.monotonic() - start)
 
 
@@ -96,7 +97,7 @@ def label_result(result: EpisodeResult, ctx: EpisodeContext) -> EpisodeResult:
     if isinstance(result, Mapping) and "input_ids" in result:
         validate_tensor_dict(result)
         return with_labels(result, ctx.episode_id, ctx.group_id)
-    return result  # to_tensors names what is wrong with it
+    return result  # to_rows names what is wrong with it
 
 
 def _label_row(row: TrajectoryRow, ctx: EpisodeContext) -> TrajectoryRow:

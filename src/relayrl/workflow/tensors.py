@@ -1,4 +1,5 @@
-"""Tensor dicts (seed 004's training format): validation, per-row labels, padded concatenation.
+"""Tensor dicts (seed 004's training format): validation, per-row labels, padded concatenation,
+and their conversion to `TrajectoryRow`s, the form everything after an episode handles.
 
 A tensor dict maps field names to `[B, T]` (or `[B]`) tensors. Two optional *label* fields,
 `episode_ids` and `group_ids`, are tuples of strings with one entry per row: they let every row
@@ -15,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from relayrl.errors import InvalidRequest
+from relayrl.trajectory.export import TrajectoryRow
 from relayrl.types import PROMPT_VERSION
 
 if TYPE_CHECKING:
@@ -147,3 +149,55 @@ def _pad_to(x: torch.Tensor, t: int, value: float | int | bool) -> torch.Tensor:
         return x
     pad_shape = (x.shape[0], t - x.shape[1], *x.shape[2:])
     return torch.cat([x, torch.full(pad_shape, value, dtype=x.dtype)], dim=1)
+
+
+def rows_from_tensor_dict(td: Mapping[str, Any], episode_id: str,
+                          task_id: str | None = None) -> list[TrajectoryRow]:
+    """A validated tensor dict as `TrajectoryRow`s: the edge where seed-004 tensors become rows.
+
+    Each row keeps its real tokens (the attention mask's prefix); its turns are the runs of
+    trained tokens, each credited with the row's reward. Fields the dict lacks are filled with
+    their neutral value and named in `metadata["missing"]`, so the trainer can refuse rows that
+    carry no loss mask or behaviour logprobs instead of training on made-up numbers.
+    """
+    validate_tensor_dict(td)
+    b = batch_size(td)
+    missing = sorted(k for k in ("loss_mask", "logprobs", "versions", "rewards") if k not in td)
+    lengths = td["attention_mask"].sum(dim=1).tolist()
+    episodes = td.get("episode_ids") or (episode_id,) * b
+    return [_row_from_tensors(td, i, int(lengths[i]), episodes[i], task_id, missing)
+            for i in range(b)]
+
+
+def _row_from_tensors(td: Mapping[str, Any], i: int, n: int, episode_id: str,
+                      task_id: str | None, missing: list[str]) -> TrajectoryRow:
+    def field(name: str, default: float | int) -> list[Any]:
+        return td[name][i, :n].tolist() if name in td else [default] * n
+
+    loss_mask = [int(bool(m)) for m in field("loss_mask", 0)]
+    spans = _runs_of_ones(loss_mask)
+    reward = float(td["rewards"][i]) if "rewards" in td else 0.0
+    segment = f"{episode_id}/row{i}"
+    return TrajectoryRow(
+        session_id=episode_id, task_id=task_id, segment_id=segment, style="concat",
+        interaction_ids=[f"{segment}/turn{k}" for k in range(len(spans))],
+        input_ids=[int(t) for t in td["input_ids"][i, :n].tolist()], loss_mask=loss_mask,
+        logprobs=[float(x) for x in field("logprobs", 0.0)],
+        versions=[int(v) for v in field("versions", PROMPT_VERSION)],
+        reward=reward, turn_spans=spans, turn_rewards=[reward] * len(spans),
+        metadata={"source": "tensor_dict", "missing": missing} if missing
+        else {"source": "tensor_dict"},
+    )
+
+
+def _runs_of_ones(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s in `mask`."""
+    runs: list[tuple[int, int]] = []
+    start = None
+    for t, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = t
+        elif not m and start is not None:
+            runs.append((start, t))
+            start = None
+    return runs

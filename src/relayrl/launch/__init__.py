@@ -1,0 +1,19 @@
+"""relayrl.launch: builds engines, gateways and controllers from a config and runs the trainer.
+
+The top layer (with `relayrl.config` and the CLI): it may import every layer below; nothing
+below imports it. A new way to run relayrl (Ray actors, several trainer ranks, a service fed by
+external agents, a remote engine) is a new launcher here.
+"""
+
+from relayrl.launch.local import LocalLauncher, LocalServices
+from relayrl.launch.process import add_import_path, limit_heap_growth
+from relayrl.launch.run import run_from_config, train
+
+__all__ = [
+    "LocalLauncher",
+    "LocalServices",
+    "add_import_path",
+    "limit_heap_growth",
+    "run_from_config",
+    "train",
+]

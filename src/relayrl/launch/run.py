@@ -1,0 +1,41 @@
+"""Running a training job from a config: `relayrl train CONFIG [overrides]` and `train(...)`.
+
+Imports: config, train, launch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from relayrl.config import RelayConfig, dump_config, load_config
+from relayrl.errors import ConfigError
+from relayrl.launch.local import LocalLauncher
+from relayrl.launch.process import add_import_path, limit_heap_growth
+from relayrl.train.trainer import PPOTrainer, TrainResult, load_dataset
+
+
+def train(config: RelayConfig, train_dataset: Sequence[dict[str, Any]],
+          eval_dataset: Sequence[dict[str, Any]] | None = None, *, workflow: Any,
+          workflow_kwargs: dict[str, Any] | None = None,
+          eval_workflow_kwargs: dict[str, Any] | None = None) -> TrainResult:
+    """Train `workflow` on the datasets with everything in this process (the CPU default)."""
+    limit_heap_growth()
+    dump_config(config, config.run_dir / "config.yaml")
+    trainer = PPOTrainer(config, train_dataset, eval_dataset, launcher=LocalLauncher(config))
+    return trainer.train(workflow, workflow_kwargs, eval_workflow_kwargs)
+
+
+def run_from_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainResult:
+    """`relayrl train CONFIG [overrides]`: load the config and datasets, then train."""
+    cfg = load_config(RelayConfig, path, overrides)
+    add_import_path(Path(path).parent)  # agents named relative to the config import from there
+    if not cfg.data.train:
+        raise ConfigError("data.train: a training dataset (JSONL or Parquet) is required")
+    if not cfg.workflow:
+        raise ConfigError("workflow: name the agent or workflow to train, e.g. my_agent.MathAgent")
+    return train(cfg, load_dataset(cfg.data.train),
+                 load_dataset(cfg.data.eval) if cfg.data.eval else None,
+                 workflow=cfg.workflow, workflow_kwargs=cfg.workflow_kwargs,
+                 eval_workflow_kwargs=cfg.eval.workflow_kwargs or None)

@@ -1,0 +1,66 @@
+"""The import graph reads bottom to top as docs/architecture.md's table says.
+
+Every import of `relayrl.X` counts, including imports inside functions: a lazy import is still a
+dependency. A new subpackage must be given a place here (and in the doc) before it can land.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "relayrl"
+
+LAYERS: list[set[str]] = [
+    {"errors", "types", "models"},  # shared records, the error tree, model provisioning
+    {"chat"},
+    {"trajectory"},
+    {"engine"},
+    {"gateway"},
+    {"client"},
+    {"workflow"},
+    {"rollout"},
+    {"remote_rollout"},
+    {"train"},
+    {"config"},
+    {"launch", "service"},
+    {"cli"},
+]
+RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
+def _unit(path: Path) -> str:
+    rel = path.relative_to(SRC)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "relayrl" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+MODULES = sorted(p for p in SRC.rglob("*.py") if _unit(p) not in {"__init__", "__main__"})
+
+
+def test_every_subpackage_has_a_layer() -> None:
+    units = {_unit(p) for p in MODULES}
+    assert units <= set(RANK), f"give these a layer: {sorted(units - set(RANK))}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
+def test_no_module_imports_a_higher_layer(path: Path) -> None:
+    unit = _unit(path)
+    upward = sorted(t for t in _imports(path) if t in RANK and RANK[t] > RANK[unit])
+    assert not upward, f"{path.relative_to(SRC)} ({unit}) imports higher layers: {upward}"

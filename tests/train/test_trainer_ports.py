@@ -1,0 +1,118 @@
+"""The trainer runs on whatever a launcher hands it (`relayrl.train.ports`), and the typed rows it
+gets keep what the trainer needs: `advantage_source: turn` trains end to end."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from relayrl.config import RelayConfig
+from relayrl.errors import InvalidRequest
+from relayrl.rollout import RolloutConfig, RolloutController
+from relayrl.train.config import TrainConfig
+from relayrl.train.packing import TrainBatch
+from relayrl.train.trainer import PPOTrainer
+from relayrl.trajectory import TrajectoryRow
+from relayrl.trajectory.batch import RowBatch
+from relayrl.workflow import RolloutWorkflow, rows_from_tensor_dict
+from relayrl.workflow import workflow_context as wc
+from tests.workflow.helpers import make_td
+
+
+def _two_turn_row(session: str, turn_rewards: list[float], seed: int) -> TrajectoryRow:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(10, 1000, (20,), generator=g).tolist()
+    mask = [0] * 6 + [1] * 4 + [0] * 5 + [1] * 5  # prompt, turn 1, tool result, turn 2
+    return TrajectoryRow(
+        session_id=session, task_id="task", segment_id=f"{session}/seg", style="concat",
+        interaction_ids=[f"{session}/c1", f"{session}/c2"], input_ids=ids, loss_mask=mask,
+        logprobs=[-2.0 if m else 0.0 for m in mask],
+        versions=[0 if m else -1 for m in mask], reward=turn_rewards[-1],
+        turn_spans=[(6, 10), (15, 20)], turn_rewards=turn_rewards)
+
+
+class TwoTurnWorkflow(RolloutWorkflow):
+    """Episode 0 of a group earns its reward on the first turn, episode 1 earns nothing."""
+
+    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, TrajectoryRow]:
+        ctx = wc.get()
+        rewards = [1.0, 0.5] if ctx.sample_index == 0 else [0.0, 0.0]
+        row = _two_turn_row(ctx.episode_id, rewards, seed=ctx.sample_index)
+        return {row.interaction_ids[-1]: row}
+
+
+@dataclass
+class RecordingEngine:
+    """A weight sink that remembers which versions it was given."""
+
+    versions: list[int] = field(default_factory=list)
+
+    async def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        assert weights  # the trainer pushes real tensors
+        self.versions.append(version)
+
+
+@dataclass
+class InProcessServices:
+    """Services with no gateway: the workflow makes rows itself."""
+
+    engine: RecordingEngine = field(default_factory=RecordingEngine)
+    closed: bool = False
+
+    def batches(self, workflow: Any, workflow_kwargs: dict[str, Any] | None,
+                dataset: Sequence[dict[str, Any]], rollout: RolloutConfig,
+                version_fn: Callable[[], int]) -> RolloutController:
+        return RolloutController(workflow, dataset, rollout, version_fn=version_fn)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.slow
+def test_turn_advantages_train_through_the_trainer_on_a_launcher_it_was_handed(
+        tmp_path: Path, tiny_llama_dir: str) -> None:
+    cfg = RelayConfig(
+        model=tiny_llama_dir, fileroot=str(tmp_path), experiment_name="ports", trial_name="t",
+        train=TrainConfig(advantage_source="turn", total_steps=2, lr=1e-4, bf16=False,
+                          checkpoint_every=0, save_optimizer=False),
+        rollout=RolloutConfig(group_size=2, batch_size=1, max_concurrent_rollouts=4,
+                              progress=False, episode_timeout_s=30.0))
+    services = InProcessServices()
+
+    async def launcher(actor: Any) -> InProcessServices:
+        return services
+
+    result = PPOTrainer(cfg, [{"q": 1}, {"q": 2}], launcher=launcher).train(TwoTurnWorkflow())
+    assert result.steps == 2
+    assert services.engine.versions == [1, 2]  # one push per step, stamped with the new version
+    assert services.closed
+    metrics = (cfg.log_dir / "metrics.jsonl").read_text()
+    assert '"loss"' in metrics and '"trained_tokens"' in metrics
+
+
+def test_rows_from_a_tensor_dict_keep_turns_and_name_missing_fields() -> None:
+    td = make_td(1, 8, reward=2.0, prompt_len=2)
+    td["loss_mask"][0, 4:6] = 0  # two turns: [2, 4) and [6, 8)
+    (row,) = rows_from_tensor_dict(td, "ep")
+    assert row.turn_spans == [(2, 4), (6, 8)] and row.turn_rewards == [2.0, 2.0]
+    assert row.session_id == "ep" and "missing" not in row.metadata
+    del td["logprobs"]
+    (bare,) = rows_from_tensor_dict(td, "ep")
+    assert bare.metadata["missing"] == ["logprobs"]
+    with pytest.raises(InvalidRequest, match="logprobs"):
+        TrainBatch.from_rows([bare])
+
+
+def test_a_row_batch_becomes_a_train_batch_with_its_labels_and_turn_spans() -> None:
+    rows = RowBatch.concat([RowBatch.of_episode([_two_turn_row("a", [1.0, 0.5], 0)], "ea", "g"),
+                            RowBatch.of_episode([_two_turn_row("b", [0.0, 0.0], 1)], "eb", "g")])
+    tb = TrainBatch.from_row_batch(rows)
+    assert tb.episode_ids == ("ea", "eb") and tb.group_ids == ("g", "g")
+    assert tb.turn_spans == (((6, 10), (15, 20)), ((6, 10), (15, 20)))
+    assert tb.turn_rewards == ((1.0, 0.5), (0.0, 0.0))
+    assert tb.num_trained_tokens == 18
