@@ -31,7 +31,8 @@ from relayrl.chat.renderer import Renderer
 from relayrl.engine.base import InferenceEngine
 from relayrl.errors import ContextLengthExceeded, InvalidRequest
 from relayrl.gateway.config import GatewayConfig
-from relayrl.trajectory import BranchReason, Interaction, InteractionLog, Session, SessionStore
+from relayrl.gateway.session_store import SessionStore
+from relayrl.trajectory import BranchReason, Interaction, InteractionLog, Session
 from relayrl.types import FinishReason, GenerateOutput, GenerateRequest, TokenChunk
 
 TOOL_CALL_OPEN = "<tool_call>\n"

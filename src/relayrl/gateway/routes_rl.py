@@ -1,13 +1,17 @@
 """RL routes: capacity, sessions, rewards, export (our spelling, and seed 003's `/rl/v1/*`).
 
 Admin routes need the admin key; reward and end routes need the session's own key. Bodies are
-validated by small pydantic models so a bad field is a 400/422 in OpenAI's error shape.
+validated by small pydantic models so a bad field is a 400/422 in OpenAI's error shape. Export
+styles and credit rules are `relayrl.trajectory`'s enums, defaults included (one definition).
+
+May import: FastAPI, pydantic, `relayrl.errors`, `relayrl.trajectory` and the gateway modules
+below the app (`auth`, `bodies`, `core`, `wires`); never `gateway.app` (it registers these).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, field_validator
@@ -16,7 +20,14 @@ from relayrl.gateway.auth import require_admin, require_session
 from relayrl.gateway.bodies import read_model
 from relayrl.gateway.core import GatewayDeps
 from relayrl.gateway.wires import interaction_id
-from relayrl.trajectory import export_session, row_to_dict
+from relayrl.trajectory import (
+    DEFAULT_CREDIT_RULE,
+    DEFAULT_EXPORT_STYLE,
+    CreditRule,
+    ExportStyle,
+    export_session,
+    row_to_dict,
+)
 
 
 class _Body(BaseModel):
@@ -51,8 +62,8 @@ class Finalize(_Body):
 class ExportRequest(_Body):
     session_id: str
     discount: float = 1.0
-    style: Literal["individual", "concat"] = "individual"
-    credit: Literal["discount", "outcome", "returns_to_go"] = "discount"
+    style: ExportStyle = DEFAULT_EXPORT_STYLE
+    credit: CreditRule = DEFAULT_CREDIT_RULE
     ack: bool = False
     """Also acknowledge: the session is freed after this answer."""
 
@@ -155,9 +166,7 @@ async def ack_export(request: Request) -> dict[str, Any]:
 
 
 def _acknowledge(deps: GatewayDeps, session_id: str) -> None:
-    # journaled as exported (a restart will not bring it back), then forgotten
-    deps.store.get(session_id, touch=False).mark_exported()
-    deps.store.remove(session_id)
+    deps.store.acknowledge(session_id)
 
 
 async def health(request: Request) -> dict[str, Any]:

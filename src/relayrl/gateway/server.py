@@ -31,8 +31,9 @@ def build_deps(config: GatewayConfig, engine=None) -> GatewayDeps:
     """Everything the app needs: renderer, engine (unless given), session store, durable log."""
     from relayrl.chat.renderer import Renderer
     from relayrl.engine import load_engine
+    from relayrl.gateway.session_store import SessionStore
     from relayrl.models import model_path
-    from relayrl.trajectory import InteractionLog, SessionStore
+    from relayrl.trajectory import InteractionLog
 
     path = model_path(config.model)
     renderer = Renderer.from_pretrained(path)
