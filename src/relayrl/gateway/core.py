@@ -10,6 +10,10 @@ the parent's stored token ids, never from re-rendered text, so what the engine s
 the trainer gets; the price is that an agent which edits its history opens a new segment.
 A conversation that does render (a first call, a GRPO group's shared prompt) goes through a small
 exact-match `RenderCache`, since the same prompt is sent many times.
+
+May import: `relayrl.chat`, `relayrl.engine.base` (the protocol), `relayrl.trajectory`,
+`relayrl.types`, `relayrl.errors`, `gateway.config` and `gateway.session_store`; no FastAPI (the
+routes are in `app` and `routes_rl`), no torch.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Run a gateway: resolve the model, load the engine, recover the log, serve with uvicorn."""
+"""Run a gateway: resolve the model, load the engine, recover the log, serve with uvicorn.
+
+May import: everything in `relayrl.gateway`, `relayrl.engine` (`load_engine`; torch only when it
+loads a local model), `relayrl.models`, `relayrl.trajectory`, uvicorn. Never client or above.
+"""
 
 from __future__ import annotations
 
