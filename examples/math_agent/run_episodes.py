@@ -23,7 +23,7 @@ from relayrl.gateway.config import GatewayConfig
 from relayrl.gateway.server import GatewayThread, build_deps
 from relayrl.models import DEFAULT_MODEL, model_path
 from relayrl.rollout import Batch, RolloutConfig, RolloutController
-from relayrl.workflow import AgentConfig, resolve_workflow, tokenizer_decoder
+from relayrl.workflow import AgentConfig, AgentMode, resolve_workflow, tokenizer_decoder
 
 HERE = Path(__file__).resolve().parent
 
@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=DEFAULT_MODEL, help="packaged name or HF directory")
     p.add_argument("--engine", default="local", choices=["local", "fake"])
     p.add_argument("--data", default=str(HERE / "math.jsonl"), help="JSONL: messages, answer")
-    p.add_argument("--mode", default="inline", choices=["inline", "subprocess"])
+    p.add_argument("--mode", default=str(AgentMode.INLINE), choices=[str(m) for m in AgentMode])
     p.add_argument("--max-tokens", type=int, default=96, help="per model call")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per episode")
     p.add_argument("--dump-root", default="/tmp/relayrl-dumps", help="trajectory dumps go here")
