@@ -23,7 +23,7 @@ from relayrl.gateway.config import GatewayConfig
 from relayrl.gateway.server import GatewayThread, build_deps
 from relayrl.models import DEFAULT_MODEL, model_path
 from relayrl.rollout import Batch, RolloutConfig, RolloutController
-from relayrl.workflow import resolve_workflow, tokenizer_decoder
+from relayrl.workflow import AgentConfig, AgentMode, resolve_workflow, tokenizer_decoder
 
 HERE = Path(__file__).resolve().parent
 
@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=DEFAULT_MODEL, help="packaged name or HF directory")
     p.add_argument("--engine", default="local", choices=["local", "fake"])
     p.add_argument("--data", default=str(HERE / "math.jsonl"), help="JSONL: messages, answer")
-    p.add_argument("--mode", default="inline", choices=["inline", "subprocess"])
+    p.add_argument("--mode", default=str(AgentMode.INLINE), choices=[str(m) for m in AgentMode])
     p.add_argument("--max-tokens", type=int, default=96, help="per model call")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per episode")
     p.add_argument("--dump-root", default="/tmp/relayrl-dumps", help="trajectory dumps go here")
@@ -55,7 +55,8 @@ async def run_episodes(args: argparse.Namespace, gateway_url: str, admin_key: st
     """One batch of `args.groups` groups from the math dataset."""
     config = RolloutConfig(group_size=args.group_size, batch_size=args.groups,
                            max_concurrent_rollouts=args.groups * args.group_size,
-                           max_staleness=0, episode_timeout_s=args.timeout, mode=args.mode,
+                           max_staleness=0, episode_timeout_s=args.timeout,
+                           agent=AgentConfig(mode=args.mode),
                            seed=args.seed, dump_root=args.dump_root, experiment="math_agent",
                            trial="example")
     async with SessionClient(gateway_url, admin_key) as gateway:

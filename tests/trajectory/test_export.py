@@ -107,7 +107,7 @@ def test_aborted_sessions_are_not_exported_unless_asked() -> None:
     s.abort()
     with pytest.raises(SessionClosed):
         export_session(s)
-    assert len(export_session(s, allow_aborted=True)) == 3
+    assert len(export_session(s, "individual", allow_aborted=True)) == 3
 
 
 def test_unknown_style_or_rule_is_refused_and_custom_rules_are_used() -> None:

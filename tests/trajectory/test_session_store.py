@@ -11,7 +11,8 @@ from relayrl.errors import (
     NotFound,
     SessionClosed,
 )
-from relayrl.trajectory import EventKind, Session, SessionState, SessionStore, export_session
+from relayrl.gateway.session_store import SessionStore
+from relayrl.trajectory import EventKind, Session, SessionState, export_session
 
 from . import call, three_turn_session, user
 

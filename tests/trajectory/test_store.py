@@ -9,11 +9,11 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from relayrl.gateway.session_store import SessionStore
 from relayrl.trajectory import (
     InteractionLog,
     Session,
     SessionState,
-    SessionStore,
     export_session,
     row_to_dict,
 )
@@ -139,7 +139,8 @@ def test_a_corrupt_last_entry_does_not_lose_earlier_ones(tmp_path: Path) -> None
 CRASH_SCRIPT = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {tests!r})
-    from relayrl.trajectory import InteractionLog, SessionStore
+    from relayrl.gateway.session_store import SessionStore
+    from relayrl.trajectory import InteractionLog
     from trajectory import three_turn_session
     log = InteractionLog({path!r})
     session = SessionStore(log=log).start_session(session_id="crashy")

@@ -9,6 +9,9 @@ The tradeoff: the stream holds each tool call back until it is complete (it usua
 delta anyway), because only a complete argument text tells a `tool_use` block from that text
 block; streaming it early could leave the client holding a half-parsed input object for a call
 that the non-streamed rendering would show as text.
+
+May import: pydantic, `relayrl.chat.completion`, `.conversation`, `.schema`, `.wire_common`,
+`relayrl.errors`. Never another `wire_*` module, FastAPI, an engine or torch.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from relayrl.chat.schema.anthropic_messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from relayrl.chat.wire_openai_chat import (
+from relayrl.chat.wire_common import (
     check_extensions,
     check_parallel,
     check_tool_choice,

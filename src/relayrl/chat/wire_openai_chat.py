@@ -6,18 +6,19 @@ field, never a silent drop; harmless unknown fields are accepted (the gateway lo
 Reasoning goes out as `reasoning_content` (the name DeepSeek, SGLang and the openai-agents SDK
 read) and comes back in as either `reasoning_content` or `reasoning`.
 
-This module also holds the small helpers the Responses module shares with it (SSE framing, the
-sampling checks, the OpenAI error body), since both speak OpenAI's conventions.
+The helpers all three wire formats share (validation, sampling checks, SSE framing, OpenAI's error
+body) live in `wire_common`.
+
+May import: pydantic, `relayrl.chat.completion`, `.conversation`, `.schema`, `.wire_common`,
+`relayrl.errors`, `relayrl.types`. Never another `wire_*` module, FastAPI, an engine or torch.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
-
-from pydantic import BaseModel, ValidationError
+from collections.abc import Sequence
+from typing import Any
 
 from relayrl.chat.completion import (
     Choice,
@@ -47,11 +48,22 @@ from relayrl.chat.schema.openai_chat import (
     ToolCallSpec,
     ToolSpec,
 )
-from relayrl.errors import ContextLengthExceeded, InvalidRequest, RelayError
-from relayrl.types import SamplingParams
+from relayrl.chat.wire_common import (
+    DEFAULT_MAX_TOKENS,
+    JSON_ENCODER,
+    check_extensions,
+    check_parallel,
+    check_tool_choice,
+    check_tools,
+    invalid,
+    join_text,
+    openai_error_body,
+    parse_model,
+    sampling_params,
+    sse,
+    with_prefix,
+)
 
-DEFAULT_MAX_TOKENS = 1024
-"""Sampled-token budget when a request names none; the gateway may clamp it to the context."""
 MAX_N = 16
 """Most choices one request may ask for."""
 MAX_STOP = 4
@@ -59,11 +71,7 @@ MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
 REASONING_FIELD = "reasoning_content"
 """Name of the reasoning field we emit on assistant messages and deltas."""
-PART_SEPARATOR = "\n"
-"""Joins the text parts of one list-valued content (as vLLM does)."""
 ID_PREFIX = "chatcmpl-"
-
-M = TypeVar("M", bound=BaseModel)
 
 FINISH_REASONS: dict[ReplyFinish, str] = {
     "stop": "stop",
@@ -72,133 +80,9 @@ FINISH_REASONS: dict[ReplyFinish, str] = {
     "abort": "length",  # no "aborted" on this wire: the reply was cut short, as with length
 }
 
-# vLLM/SGLang sampling extensions we do not implement, with the value that means "off".
-_UNHONOURED_EXTENSIONS: dict[str, Any] = {
-    "repetition_penalty": 1.0,
-    "min_p": 0.0,
-    "min_tokens": 0,
-    "ignore_eos": False,
-    "use_beam_search": False,
-    "length_penalty": 1.0,
-    "best_of": 1,
-    "guided_json": None,
-    "guided_regex": None,
-    "guided_choice": None,
-    "guided_grammar": None,
-    "structured_outputs": None,
-    "bad_words": None,
-    "allowed_token_ids": None,
-    "logits_processors": None,
-}
-
-
-# ---------------------------------------------------------------- shared helpers
-
-
-def invalid(message: str, param: str | None = None) -> InvalidRequest:
-    """An `InvalidRequest` carrying the offending field in `.param` (OpenAI's `error.param`)."""
-    exc = InvalidRequest(message)
-    exc.param = param  # type: ignore[attr-defined]  # kept in __dict__, so it still pickles
-    return exc
-
-
-def parse_model(model: type[M], raw: Any) -> M:
-    """Validate a JSON body against a wire schema; a validation error becomes a 400."""
-    try:
-        return model.model_validate(raw)
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or None
-        raise invalid(f"{where or 'body'}: {err['msg']}", where) from None
-
-
-_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-"""One encoder for every frame: `json.dumps` with options builds a new one per call."""
-
-
-def sse(payload: Mapping[str, Any], event: str | None = None) -> str:
-    """One server-sent-event frame (`event:` line only when named)."""
-    data = _JSON.encode(payload)
-    return f"event: {event}\ndata: {data}\n\n" if event else f"data: {data}\n\n"
-
-
-def check_extensions(extra: Mapping[str, Any]) -> None:
-    """Refuse a known sampling extension that is set to anything but its neutral value."""
-    for name, neutral in _UNHONOURED_EXTENSIONS.items():
-        v = extra.get(name)
-        if v is not None and v != neutral and v != [] and v != {}:
-            raise invalid(f"{name} is not supported by this server", name)
-
-
-def sampling_params(*, max_tokens: int | None, temperature: float | None, top_p: float | None,
-                    top_k: int | None, stop: Sequence[str], seed: int | None, top_logprobs: int,
-                    max_temperature: float = 2.0, names: Mapping[str, str] | None = None,
-                    ) -> SamplingParams:
-    """Check ranges and build `SamplingParams`; `names` maps our names to the wire's for errors."""
-    n = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
-         "top_k": "top_k", **(names or {})}
-    mt = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
-    if mt < 1:
-        raise invalid(f"{n['max_tokens']} must be at least 1, got {mt}", n["max_tokens"])
-    t = 1.0 if temperature is None else temperature
-    if not 0.0 <= t <= max_temperature:
-        raise invalid(f"temperature must be in [0, {max_temperature:g}], got {t}", n["temperature"])
-    p = 1.0 if top_p is None else top_p
-    if not 0.0 < p <= 1.0:
-        raise invalid(f"top_p must be in (0, 1], got {p}", n["top_p"])
-    k = 0 if top_k is None or top_k == -1 else top_k
-    if k < 0:
-        raise invalid(f"top_k must be -1, 0 (off) or positive, got {k}", n["top_k"])
-    return SamplingParams(max_new_tokens=mt, temperature=t, top_p=p, top_k=k,
-                          stop=tuple(s for s in stop if s), seed=seed, top_logprobs=top_logprobs)
-
-
-def check_tools(tools: Sequence[Tool], param: str = "tools") -> None:
-    """Tool names must be non-empty and unique (a template cannot tell two `f`s apart)."""
-    seen: set[str] = set()
-    for i, t in enumerate(tools):
-        if not t.name:
-            raise invalid("a tool needs a name", f"{param}[{i}]")
-        if t.name in seen:
-            raise invalid(f"two tools are named {t.name!r}", f"{param}[{i}]")
-        seen.add(t.name)
-
-
-def check_tool_choice(choice: ToolChoice, tools: Sequence[Tool], param: str = "tool_choice") -> None:
-    """A demanded or named call needs tools, and a named one must be among them."""
-    if choice in ("auto", "none"):
-        return
-    if not tools:
-        raise invalid(f"tool_choice {choice!r} needs tools, and the request lists none", param)
-    if choice != "required" and choice not in {t.name for t in tools}:
-        raise invalid(f"tool_choice names {choice!r}, which is not among the tools", param)
-
-
-def check_parallel(parallel: bool | None, tools: Sequence[Tool], choice: ToolChoice,
-                   param: str = "parallel_tool_calls") -> None:
-    """We cannot stop a model from writing two calls: refuse a request that forbids it."""
-    if parallel is False and tools and choice != "none":
-        raise invalid("parallel_tool_calls=false is not supported: the model may write several "
-                      "calls in one turn and we do not constrain decoding", param)
-
-
-def with_prefix(id_: str, prefix: str) -> str:
-    """`id_` with the wire's id prefix, added only once."""
-    return id_ if id_.startswith(prefix) else prefix + id_
-
-
-_ERROR_CODES: dict[type[BaseException], str] = {ContextLengthExceeded: "context_length_exceeded"}
-
-
 def error_body(exc: BaseException) -> dict[str, Any]:
     """OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`."""
-    code = next((c for k, c in _ERROR_CODES.items() if isinstance(exc, k)), None)
-    return {"error": {
-        "message": str(exc) or type(exc).__name__,
-        "type": exc.error_type if isinstance(exc, RelayError) else "api_error",
-        "param": getattr(exc, "param", None),
-        "code": code,
-    }}
+    return openai_error_body(exc)
 
 
 def token_bytes(token: str) -> list[int]:
@@ -215,10 +99,6 @@ def logprob_entries(lps: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
         "top_logprobs": [{"token": t, "logprob": v, "bytes": token_bytes(t)} for t, v in lp.top],
     } for lp in lps]
 
-
-def join_text(parts: Sequence[str]) -> str:
-    """Join the text parts of one message."""
-    return PART_SEPARATOR.join(parts)
 
 
 # ---------------------------------------------------------------- request
@@ -490,7 +370,7 @@ class StreamEncoder:
         self._spoke = [False] * n  # a choice sent content or a tool call
         del request  # one constructor for all three encoders; Chat Completions echoes nothing
         # Every chunk starts with the same head: serialize it once (a frame per token adds up).
-        self._frame_head = "data: " + _JSON.encode(self._head())[:-1] + ',"choices":['
+        self._frame_head = "data: " + JSON_ENCODER.encode(self._head())[:-1] + ',"choices":['
 
     @classmethod
     def for_request(cls, req: CompletionRequest, completion_id: str,
@@ -510,7 +390,7 @@ class StreamEncoder:
             # the common frame, written directly; equal to `_chunk(index, {"content": ...})`
             self._spoke[index] = True
             return [f'{self._frame_head}{{"index":{index},"delta":{{"content":'
-                    f'{_JSON.encode(d.text)}}},"logprobs":null,"finish_reason":null}}]}}\n\n']
+                    f'{JSON_ENCODER.encode(d.text)}}},"logprobs":null,"finish_reason":null}}]}}\n\n']
         body: dict[str, Any] = {}
         if isinstance(d, ContentDelta) and d.text:
             body["content"] = d.text
@@ -567,7 +447,7 @@ class StreamEncoder:
         }
         if interaction_id is not None:
             choice["interaction_id"] = interaction_id  # extension: what set_reward takes
-        return f"{self._frame_head}{_JSON.encode(choice)}]}}\n\n"
+        return f"{self._frame_head}{JSON_ENCODER.encode(choice)}]}}\n\n"
 
 
 def _tool_call_delta(d: ToolCallDelta) -> dict[str, Any]:

@@ -9,6 +9,9 @@ a streamed response and its non-streamed rendering agree item for item.
 
 The tradeoff: Responses logprobs are not offered (they cover only output text on this wire, while
 our tokens also hold reasoning and tool calls); `/v1/chat/completions` returns them.
+
+May import: pydantic, `relayrl.chat.completion`, `.conversation`, `.schema`, `.wire_common`,
+`relayrl.errors`. Never another `wire_*` module, FastAPI, an engine or torch.
 """
 
 from __future__ import annotations
@@ -45,14 +48,14 @@ from relayrl.chat.schema.openai_responses import (
     ResponsesRequest,
     ToolChoiceObject,
 )
-from relayrl.chat.wire_openai_chat import (
+from relayrl.chat.wire_common import (
     check_extensions,
     check_parallel,
     check_tool_choice,
     check_tools,
-    error_body,
     invalid,
     join_text,
+    openai_error_body,
     parse_model,
     sampling_params,
     sse,
@@ -233,6 +236,11 @@ def _text(content: str | list[InputContentPart], where: str) -> str:
 
 
 # ---------------------------------------------------------------- response
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    """OpenAI's error body, which the Responses API shares with Chat Completions."""
+    return openai_error_body(exc)
 
 
 def render_completion(c: Completion, request: CompletionRequest | None = None) -> dict[str, Any]:

@@ -4,6 +4,12 @@ For agents that accept a client object (seed 000's "direct approach"): no networ
 every call goes through the same routes, renderer and session as over HTTP. The OpenAI client is
 wrapped, not subclassed; attribute access (`.chat`, `.responses`, `.models`) is delegated to it.
 Tradeoff: the ASGI transport buffers each response, so a streamed reply arrives all at once.
+
+openai (and httpx2, the HTTP client it is built on and requires) are imported when a
+`DirectClient` is made, so `import relayrl.client` works without the `agents` extra.
+
+May import: httpx, `relayrl.client.session_client`, `relayrl.errors`, `relayrl.trajectory`;
+openai/httpx2 only inside `DirectClient`. Never the gateway's modules (it is handed an app).
 """
 
 from __future__ import annotations
@@ -12,10 +18,10 @@ import contextlib
 from typing import Any
 
 import httpx
-import httpx2
 
 from relayrl.client.session_client import SessionClient, SessionHandle
 from relayrl.errors import SessionClosed
+from relayrl.trajectory import DEFAULT_CREDIT_RULE, DEFAULT_EXPORT_STYLE
 
 _BASE = "http://relayrl.direct"
 
@@ -24,6 +30,8 @@ class DirectClient:
     """An OpenAI client bound to one session of an in-process gateway app."""
 
     def __init__(self, app: Any, session: SessionHandle, admin: SessionClient) -> None:
+        # optional: the `agents` extra; openai's own client is httpx2, so the ASGI transport is too
+        import httpx2
         from openai import AsyncOpenAI
 
         self.app = app
@@ -55,8 +63,8 @@ class DirectClient:
         """Reward the session's last call."""
         await self._admin.set_reward(self.session, reward)
 
-    async def export_interactions(self, style: str = "individual", discount: float = 1.0,
-                                  credit: str = "discount") -> list[dict[str, Any]]:
+    async def export_interactions(self, style: str = DEFAULT_EXPORT_STYLE, discount: float = 1.0,
+                                  credit: str = DEFAULT_CREDIT_RULE) -> list[dict[str, Any]]:
         """End the session and return its rows (idempotent until acknowledged)."""
         with contextlib.suppress(SessionClosed):  # already ended is fine
             await self._admin.end_session(self.session)

@@ -2,6 +2,9 @@
 
 Used by workflows and tests to drive a gateway, local or remote. Errors come back as relayrl's own
 error classes, mapped from the gateway's status codes in one table.
+
+May import: httpx, `relayrl.errors`, `relayrl.trajectory` (style and credit names); never the
+gateway's modules (it talks to any gateway over HTTP), openai or torch.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from relayrl.errors import (
     RelayError,
     SessionClosed,
 )
+from relayrl.trajectory import DEFAULT_CREDIT_RULE, DEFAULT_EXPORT_STYLE
 
 _STATUS_ERRORS: dict[int, type[RelayError]] = {
     400: InvalidRequest, 401: AuthenticationFailed, 404: NotFound, 409: SessionClosed,
@@ -95,8 +99,9 @@ class SessionClient:
         """Set a trajectory reward and end the session."""
         await self._post("/rl/v1/finalize", {"final_reward": final_reward}, session.api_key)
 
-    async def export(self, session_id: str, style: str = "concat", credit: str = "discount",
-                     discount: float = 1.0, ack: bool = False) -> list[dict[str, Any]]:
+    async def export(self, session_id: str, style: str = DEFAULT_EXPORT_STYLE,
+                     credit: str = DEFAULT_CREDIT_RULE, discount: float = 1.0,
+                     ack: bool = False) -> list[dict[str, Any]]:
         """The session's rows (idempotent until acknowledged)."""
         body = {"session_id": session_id, "style": style, "credit": credit,
                 "discount": discount, "ack": ack}

@@ -3,29 +3,31 @@
 `create_app(deps)` keeps all state on `app.state.deps`; routes are module-level functions. Errors
 raised anywhere below become the calling protocol's own JSON error body in one place
 (`_relay_error`), so a client mistake is never a 500 and never a stack trace.
+
+May import: FastAPI/Starlette, `relayrl.chat`, `relayrl.trajectory`, `relayrl.errors` and the
+other `relayrl.gateway` modules (`routes_rl` registers into this app and never imports it back).
+Never `client`, `workflow`, `rollout`, `train` or torch.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from relayrl.chat import wire_anthropic, wire_openai_chat, wire_openai_responses
 from relayrl.chat.completion import CompletionRequest
-from relayrl.errors import InvalidRequest, PayloadTooLarge, RelayError, SessionClosed
+from relayrl.errors import InvalidRequest, RelayError, SessionClosed
 from relayrl.gateway import routes_rl
 from relayrl.gateway.auth import calling_session
+from relayrl.gateway.bodies import read_json
 from relayrl.gateway.core import (
     GatewayDeps,
     PreparedCall,
@@ -34,54 +36,27 @@ from relayrl.gateway.core import (
     complete_stream_batches,
     prepare,
 )
+from relayrl.gateway.wires import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Wire
 from relayrl.trajectory import Session
 
 log = logging.getLogger("relayrl.gateway")
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class WireFormat:
-    """One front door: a `relayrl.chat.wire_*` module (parse, convert, render, stream, errors)."""
-
-    name: str
-    module: ModuleType
-
-
-OPENAI_CHAT = WireFormat("openai-chat", wire_openai_chat)
-OPENAI_RESPONSES = WireFormat("openai-responses", wire_openai_responses)
-ANTHROPIC = WireFormat("anthropic-messages", wire_anthropic)
-
-
 def _deps(request: Request) -> GatewayDeps:
     return request.app.state.deps
 
 
-async def read_json(request: Request) -> Any:
-    """The request body as JSON, refusing oversized or malformed bodies with a 4xx."""
-    limit = _deps(request).config.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}")
-    raw = await request.body()
-    if len(raw) > limit:
-        raise PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {limit}")
-    try:
-        return json.loads(raw) if raw else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidRequest(f"request body is not valid JSON: {e}") from None
-
-
-def _parse(deps: GatewayDeps, wire: WireFormat, body: Any) -> CompletionRequest:
-    model = wire.module.parse_body(body)
+def _parse(deps: GatewayDeps, wire: Wire, body: Any) -> CompletionRequest:
+    model = wire.format.parse_body(body)
     extra = set(model.extra_fields()) - deps.warned_fields
     if extra:
         deps.warned_fields.update(extra)
         log.info("ignoring unknown %s request fields: %s", wire.name, ", ".join(sorted(extra)))
-    return wire.module.to_request(model)
+    return wire.format.to_request(model)
 
 
-async def serve_completion(request: Request, wire: WireFormat, session_id: str | None) -> Any:
+async def serve_completion(request: Request, wire: Wire, session_id: str | None) -> Any:
     """Parse a call in `wire` format, run it, and answer in the same format."""
     request.state.wire = wire
     deps = _deps(request)
@@ -96,7 +71,7 @@ async def serve_completion(request: Request, wire: WireFormat, session_id: str |
         completion = await _unless_client_leaves(request, complete(deps, session, req))
         if completion is None:
             return Response(status_code=499)  # nobody is listening; nothing was recorded
-        return JSONResponse(wire.module.render_completion(completion, req))
+        return JSONResponse(wire.format.render_completion(completion, req))
     call = prepare(deps, session, req)
     return EventStream(_sse(deps, wire, session, call), media_type="text/event-stream",
                        headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
@@ -181,10 +156,10 @@ def session_open(deps: GatewayDeps, session: Session) -> None:
         raise SessionClosed(f"session {session.id} is {session.state}; it takes no more calls")
 
 
-async def _sse(deps: GatewayDeps, wire: WireFormat, session: Session | None,
+async def _sse(deps: GatewayDeps, wire: Wire, session: Session | None,
                call: PreparedCall) -> AsyncIterator[str]:
     req = call.request
-    enc = wire.module.StreamEncoder.for_request(req, call.interaction_ids[0], int(time.time()))
+    enc = wire.format.StreamEncoder.for_request(req, call.interaction_ids[0], int(time.time()))
     prompt_tokens = len(call.prompt_ids)
     completion_tokens = 0
     yield "".join(enc.start(prompt_tokens=prompt_tokens))
@@ -242,7 +217,7 @@ async def list_models(request: Request, session_id: str | None = None) -> dict[s
                                         "created": int(deps.started), "owned_by": "relayrl"}]}
 
 
-def _wire_for(request: Request) -> WireFormat:
+def _wire_for(request: Request) -> Wire:
     wire = getattr(request.state, "wire", None)
     if wire is not None:
         return wire
@@ -253,7 +228,7 @@ async def _relay_error(request: Request, exc: Exception) -> JSONResponse:
     if not isinstance(exc, RelayError):
         log.exception("unexpected error on %s", request.url.path, exc_info=exc)
         exc = RelayError("internal error; the gateway log has the details")
-    return JSONResponse(_wire_for(request).module.error_body(exc), status_code=exc.status_code)
+    return JSONResponse(_wire_for(request).format.error_body(exc), status_code=exc.status_code)
 
 
 async def _not_found(request: Request, exc: Exception) -> JSONResponse:

@@ -10,6 +10,10 @@ the parent's stored token ids, never from re-rendered text, so what the engine s
 the trainer gets; the price is that an agent which edits its history opens a new segment.
 A conversation that does render (a first call, a GRPO group's shared prompt) goes through a small
 exact-match `RenderCache`, since the same prompt is sent many times.
+
+May import: `relayrl.chat`, `relayrl.engine.base` (the protocol), `relayrl.trajectory`,
+`relayrl.types`, `relayrl.errors`, `gateway.config` and `gateway.session_store`; no FastAPI (the
+routes are in `app` and `routes_rl`), no torch.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from relayrl.chat.renderer import Renderer
 from relayrl.engine.base import InferenceEngine
 from relayrl.errors import ContextLengthExceeded, InvalidRequest
 from relayrl.gateway.config import GatewayConfig
-from relayrl.trajectory import BranchReason, Interaction, InteractionLog, Session, SessionStore
+from relayrl.gateway.session_store import SessionStore
+from relayrl.trajectory import BranchReason, Interaction, InteractionLog, Session
 from relayrl.types import FinishReason, GenerateOutput, GenerateRequest, TokenChunk
 
 TOOL_CALL_OPEN = "<tool_call>\n"

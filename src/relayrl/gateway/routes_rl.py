@@ -1,21 +1,33 @@
 """RL routes: capacity, sessions, rewards, export (our spelling, and seed 003's `/rl/v1/*`).
 
 Admin routes need the admin key; reward and end routes need the session's own key. Bodies are
-validated by small pydantic models so a bad field is a 400/422 in OpenAI's error shape.
+validated by small pydantic models so a bad field is a 400/422 in OpenAI's error shape. Export
+styles and credit rules are `relayrl.trajectory`'s enums, defaults included (one definition).
+
+May import: FastAPI, pydantic, `relayrl.errors`, `relayrl.trajectory` and the gateway modules
+below the app (`auth`, `bodies`, `core`, `wires`); never `gateway.app` (it registers these).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator
 
-from relayrl.errors import InvalidRequest
 from relayrl.gateway.auth import require_admin, require_session
+from relayrl.gateway.bodies import read_model
 from relayrl.gateway.core import GatewayDeps
-from relayrl.trajectory import export_session, row_to_dict
+from relayrl.gateway.wires import interaction_id
+from relayrl.trajectory import (
+    DEFAULT_CREDIT_RULE,
+    DEFAULT_EXPORT_STYLE,
+    CreditRule,
+    ExportStyle,
+    export_session,
+    row_to_dict,
+)
 
 
 class _Body(BaseModel):
@@ -50,8 +62,8 @@ class Finalize(_Body):
 class ExportRequest(_Body):
     session_id: str
     discount: float = 1.0
-    style: Literal["individual", "concat"] = "individual"
-    credit: Literal["discount", "outcome", "returns_to_go"] = "discount"
+    style: ExportStyle = DEFAULT_EXPORT_STYLE
+    credit: CreditRule = DEFAULT_CREDIT_RULE
     ack: bool = False
     """Also acknowledge: the session is freed after this answer."""
 
@@ -62,18 +74,6 @@ class SessionRef(_Body):
 
 def _deps(request: Request) -> GatewayDeps:
     return request.app.state.deps
-
-
-async def _body(request: Request, model: type[_Body]) -> Any:
-    from relayrl.gateway.app import read_json
-
-    data = await read_json(request)
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        raise InvalidRequest(f"invalid {where}: {first.get('msg')}") from None
 
 
 async def grant_capacity(request: Request) -> dict[str, int]:
@@ -94,7 +94,7 @@ async def start_session(request: Request) -> dict[str, Any]:
     """Open a session; 429 when the staleness rule leaves no capacity."""
     deps = _deps(request)
     require_admin(deps, request)
-    body: StartSession = await _body(request, StartSession)
+    body: StartSession = await read_model(request, StartSession)
     _capacity(deps)  # refreshes the staleness rule start_session enforces
     session = deps.store.start_session(task_id=body.task_id, metadata=body.metadata,
                                        api_key=body.api_key)
@@ -107,21 +107,10 @@ async def set_reward(request: Request) -> dict[str, Any]:
     """Reward one call of the caller's session (the last one when no id is given)."""
     deps = _deps(request)
     session = require_session(deps, request)
-    body: SetReward = await _body(request, SetReward)
+    body: SetReward = await read_model(request, SetReward)
     iid = body.interaction_id or body.completion_id
-    target = session.set_reward(_interaction_id(iid), body.reward)
+    target = session.set_reward(interaction_id(iid), body.reward)
     return {"session_id": session.id, "interaction_id": target, "reward": body.reward}
-
-
-_WIRE_ID_PREFIXES = ("chatcmpl-", "resp_", "msg_")
-
-
-def _interaction_id(reply_id: str | None) -> str | None:
-    """The call id inside a reply id: the wire formats prefix it (`chatcmpl-`, `resp_`, `msg_`)."""
-    for prefix in _WIRE_ID_PREFIXES:
-        if reply_id and reply_id.startswith(prefix):
-            return reply_id[len(prefix):]
-    return reply_id
 
 
 async def end_session(request: Request) -> dict[str, Any]:
@@ -136,7 +125,7 @@ async def finalize(request: Request) -> dict[str, Any]:
     """Seed 003's finalize: an optional trajectory reward, then end the session."""
     deps = _deps(request)
     session = require_session(deps, request)
-    body: Finalize = await _body(request, Finalize)
+    body: Finalize = await read_model(request, Finalize)
     final = body.final_reward if body.final_reward is not None else body.reward
     if final is not None:
         session.set_final_reward(final)
@@ -148,7 +137,7 @@ async def export_trajectories(request: Request) -> dict[str, Any]:
     """Rows of one session with credit assigned; idempotent until acknowledged."""
     deps = _deps(request)
     require_admin(deps, request)
-    body: ExportRequest = await _body(request, ExportRequest)
+    body: ExportRequest = await read_model(request, ExportRequest)
     session = deps.store.get(body.session_id, touch=False)
     rows = export_session(session, style=body.style, credit=body.credit, discount=body.discount)
     result = {"session_id": session.id, "state": str(session.state), "style": body.style,
@@ -162,7 +151,7 @@ async def abort_session(request: Request) -> dict[str, Any]:
     """Abort a session (a failed episode): never trained on, its capacity is given back."""
     deps = _deps(request)
     require_admin(deps, request)
-    body: SessionRef = await _body(request, SessionRef)
+    body: SessionRef = await read_model(request, SessionRef)
     session = deps.store.abort(body.session_id)
     return {"session_id": session.id, "state": str(session.state)}
 
@@ -171,15 +160,13 @@ async def ack_export(request: Request) -> dict[str, Any]:
     """Acknowledge an export: the session is freed."""
     deps = _deps(request)
     require_admin(deps, request)
-    body: SessionRef = await _body(request, SessionRef)
+    body: SessionRef = await read_model(request, SessionRef)
     _acknowledge(deps, body.session_id)
     return {"session_id": body.session_id, "state": "exported"}
 
 
 def _acknowledge(deps: GatewayDeps, session_id: str) -> None:
-    # journaled as exported (a restart will not bring it back), then forgotten
-    deps.store.get(session_id, touch=False).mark_exported()
-    deps.store.remove(session_id)
+    deps.store.acknowledge(session_id)
 
 
 async def health(request: Request) -> dict[str, Any]:

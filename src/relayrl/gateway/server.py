@@ -1,4 +1,8 @@
-"""Run a gateway: resolve the model, load the engine, recover the log, serve with uvicorn."""
+"""Run a gateway: resolve the model, load the engine, recover the log, serve with uvicorn.
+
+May import: everything in `relayrl.gateway`, `relayrl.engine` (`load_engine`; torch only when it
+loads a local model), `relayrl.models`, `relayrl.trajectory`, uvicorn. Never client or above.
+"""
 
 from __future__ import annotations
 
@@ -31,8 +35,9 @@ def build_deps(config: GatewayConfig, engine=None) -> GatewayDeps:
     """Everything the app needs: renderer, engine (unless given), session store, durable log."""
     from relayrl.chat.renderer import Renderer
     from relayrl.engine import load_engine
+    from relayrl.gateway.session_store import SessionStore
     from relayrl.models import model_path
-    from relayrl.trajectory import InteractionLog, SessionStore
+    from relayrl.trajectory import InteractionLog
 
     path = model_path(config.model)
     renderer = Renderer.from_pretrained(path)

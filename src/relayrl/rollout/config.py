@@ -1,8 +1,15 @@
-"""`RolloutConfig`: how the rollout controller runs episodes and batches them (one line a field)."""
+"""`RolloutConfig`: how the rollout controller runs episodes and batches them (one line a field).
+
+How each agent episode is run and exported (mode, workers, export style, credit rule, discount,
+capacity wait) is the workflow's `AgentConfig`, held whole as the `agent` section
+(`rollout.agent.export_style: concat` in YAML), not copied field by field.
+
+May import: `relayrl.errors`, `relayrl.workflow.agent` (for `AgentConfig`); no torch.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from relayrl.errors import ConfigError
 from relayrl.workflow.agent import AgentConfig
@@ -17,12 +24,8 @@ class RolloutConfig:
     max_concurrent_rollouts: int = 32    # episodes running at once (each holds a gateway session)
     max_staleness: int = 1               # admit while accepted+running groups <= (v+this+1)·batch
     episode_timeout_s: float = 600.0     # an episode running longer is aborted
-    mode: str = "inline"                 # agents: "inline" coroutine or "subprocess" worker pool
-    subproc_max_workers: int = 4         # worker processes in subprocess mode
-    export_style: str = "concat"         # agents: "concat" (row per segment path) or "individual"
-    credit: str = "discount"             # agents: credit rule applied at export
-    discount: float = 1.0                # agents: γ of the discount rule
-    capacity_wait_s: float = 60.0        # agents: wait this long for gateway capacity, then abort
+    # agents: mode, workers, export style, credit rule, discount, capacity wait (one section)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     shuffle: bool = True                 # shuffle the dataset each epoch
     seed: int = 0                        # shuffling seed (epoch e uses seed + e)
     epochs: int | None = None            # passes over the dataset; None cycles forever
@@ -44,11 +47,11 @@ class RolloutConfig:
             raise ConfigError(f"episode_timeout_s must be > 0, got {self.episode_timeout_s}")
         if self.epochs is not None and self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1 or None, got {self.epochs}")
-        self.agent_config()  # checks mode, export style and credit rule
+        default_http = AgentConfig.http_timeout_s
+        if self.agent.http_timeout_s not in (default_http, self.episode_timeout_s):
+            raise ConfigError("agent.http_timeout_s follows episode_timeout_s; set "
+                              "episode_timeout_s instead")
 
     def agent_config(self) -> AgentConfig:
-        """The settings `AgentWorkflow` takes from this config."""
-        return AgentConfig(mode=self.mode, subproc_max_workers=self.subproc_max_workers,
-                           export_style=self.export_style, credit=self.credit,
-                           discount=self.discount, capacity_wait_s=self.capacity_wait_s,
-                           http_timeout_s=self.episode_timeout_s)
+        """The settings `AgentWorkflow` takes: the `agent` section, HTTP timeout = episode timeout."""
+        return replace(self.agent, http_timeout_s=self.episode_timeout_s)

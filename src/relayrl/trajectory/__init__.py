@@ -1,11 +1,17 @@
-"""relayrl.trajectory: recorded calls, the session tree, credit assignment, export and the log.
+"""relayrl.trajectory: recorded calls, the session tree, credit assignment, export, the durable
+log, and the staleness rule.
 
-Imports neither torch nor pyarrow (both are imported inside the functions that need them), so the
-gateway can use all of it on a machine without them.
+Owns the names of export styles (`ExportStyle`) and credit rules (`CreditRule`) with their
+defaults. Imports neither torch nor pyarrow (both are imported inside the functions that need
+them), so the gateway can use all of it on a machine without them.
+
+May import: `relayrl.types`, `relayrl.errors`, `relayrl.chat` (never engine, gateway or above).
 """
 
 from relayrl.trajectory.credit import (
+    DEFAULT_CREDIT_RULE,
     CallTree,
+    CreditFn,
     CreditRule,
     credit_rule,
     discounted_tree,
@@ -13,7 +19,13 @@ from relayrl.trajectory.credit import (
     returns_to_go,
     returns_to_go_paths,
 )
-from relayrl.trajectory.export import EXPORT_STYLES, TrajectoryRow, export_session, to_tensor_dict
+from relayrl.trajectory.export import (
+    DEFAULT_EXPORT_STYLE,
+    ExportStyle,
+    TrajectoryRow,
+    export_session,
+    to_tensor_dict,
+)
 from relayrl.trajectory.interchange import (
     SCHEMA_VERSION,
     iter_jsonl,
@@ -31,18 +43,22 @@ from relayrl.trajectory.session import (
     SessionJournal,
     SessionState,
     SessionStats,
-    SessionStore,
     canonical_message,
+    hash_key,
 )
+from relayrl.trajectory.staleness import StalenessGate, staleness_limit
 from relayrl.trajectory.store import InteractionLog
 
 __all__ = [
-    "EXPORT_STYLES",
+    "DEFAULT_CREDIT_RULE",
+    "DEFAULT_EXPORT_STYLE",
     "SCHEMA_VERSION",
     "BranchReason",
     "CallTree",
+    "CreditFn",
     "CreditRule",
     "EventKind",
+    "ExportStyle",
     "Interaction",
     "InteractionLog",
     "Located",
@@ -51,12 +67,13 @@ __all__ = [
     "SessionJournal",
     "SessionState",
     "SessionStats",
-    "SessionStore",
+    "StalenessGate",
     "TrajectoryRow",
     "canonical_message",
     "credit_rule",
     "discounted_tree",
     "export_session",
+    "hash_key",
     "iter_jsonl",
     "outcome_broadcast",
     "read_jsonl",
@@ -65,6 +82,7 @@ __all__ = [
     "returns_to_go_paths",
     "row_from_dict",
     "row_to_dict",
+    "staleness_limit",
     "to_tensor_dict",
     "write_jsonl",
     "write_parquet",

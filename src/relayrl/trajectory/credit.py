@@ -14,12 +14,18 @@ and `returns_to_go_paths` gives the per-path detail.
 Own rewards: a call's own reward is what `set_reward` gave it (None counts as 0), plus the final
 reward when the call is a leaf (no children): the final reward is the episode's outcome, and
 every path of the tree ends in a leaf, so each path is credited with it.
+
+`CreditRule` names the built-in rules (the one list the gateway, clients and configs check
+against); a new rule is a function of the `CreditFn` shape added here and to `credit_rule`.
+
+May import: `relayrl.errors` only (pure Python; no torch, no I/O).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from relayrl.errors import InvalidRequest
 
@@ -73,8 +79,23 @@ class CallTree:
         return tuple(reversed(path))
 
 
-CreditRule = Callable[[CallTree, float], dict[str, float]]
-"""A credit rule: (tree, gamma) -> credited reward per call id."""
+CreditFn = Callable[[CallTree, float], dict[str, float]]
+"""A credit rule's function: (tree, gamma) -> credited reward per call id."""
+
+
+class CreditRule(StrEnum):
+    """The built-in credit rules, by name (`credit_rule` gives each one's function)."""
+
+    DISCOUNT = "discount"
+    """Leaves first: own reward + gamma * mean of the children's credited rewards."""
+    OUTCOME = "outcome"
+    """Every call gets the trajectory's outcome."""
+    RETURNS_TO_GO = "returns_to_go"
+    """Discounted return along each root-to-leaf path (averaged where paths share a call)."""
+
+
+DEFAULT_CREDIT_RULE = CreditRule.DISCOUNT
+"""The rule used when none is named (the seeds' backward discount)."""
 
 
 def _check_gamma(gamma: float) -> None:
@@ -135,12 +156,12 @@ def returns_to_go(tree: CallTree, gamma: float) -> dict[str, float]:
     return {n: sums[n] / counts[n] for n in tree.order}  # every call is on >= 1 path
 
 
-def credit_rule(name: str) -> CreditRule:
-    """The built-in rule called `name`: discount, outcome or returns_to_go."""
-    rules: dict[str, CreditRule] = {
-        "discount": discounted_tree,
-        "outcome": outcome_broadcast,
-        "returns_to_go": returns_to_go,
+def credit_rule(name: str) -> CreditFn:
+    """The built-in rule called `name` (a `CreditRule`): discount, outcome or returns_to_go."""
+    rules: dict[str, CreditFn] = {
+        CreditRule.DISCOUNT: discounted_tree,
+        CreditRule.OUTCOME: outcome_broadcast,
+        CreditRule.RETURNS_TO_GO: returns_to_go,
     }
     if name not in rules:
         raise InvalidRequest(f"unknown credit rule {name!r}; known: {sorted(rules)}")

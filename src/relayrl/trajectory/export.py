@@ -7,8 +7,13 @@ samples carry loss; prompt, tool results and template glue are context. Concat t
 tokens with far less recomputation, and is exact because a segment's calls extend each other's
 tokens by construction (checked when they are recorded).
 
+`concat` is the default everywhere (`DEFAULT_EXPORT_STYLE`; see docs/design-decisions.md).
+
 Rows are plain Python lists so they can cross processes and files; `to_tensor_dict` (torch,
 imported lazily) makes the trainer's padded batch.
+
+May import: `relayrl.errors`, `relayrl.types` and the other `relayrl.trajectory` modules; torch
+only inside `to_tensor_dict`.
 """
 
 from __future__ import annotations
@@ -16,10 +21,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from relayrl.errors import InvalidRequest, SessionClosed
-from relayrl.trajectory.credit import CreditRule, credit_rule
+from relayrl.trajectory.credit import DEFAULT_CREDIT_RULE, CreditFn, credit_rule
 from relayrl.trajectory.records import Interaction
 from relayrl.trajectory.session import Session, SessionState
 from relayrl.types import PROMPT_VERSION
@@ -27,7 +33,21 @@ from relayrl.types import PROMPT_VERSION
 if TYPE_CHECKING:
     import torch
 
-EXPORT_STYLES = ("individual", "concat")
+
+
+class ExportStyle(StrEnum):
+    """How a session's calls become rows."""
+
+    INDIVIDUAL = "individual"
+    """One row per call (shared prefixes repeated)."""
+    CONCAT = "concat"
+    """One row per root-to-leaf path of each segment (each token once per path)."""
+
+
+DEFAULT_EXPORT_STYLE = ExportStyle.CONCAT
+"""The style used when none is named: what training consumes (docs/design-decisions.md)."""
+
+_STYLES = frozenset(ExportStyle)
 
 
 @dataclass(frozen=True)
@@ -72,7 +92,7 @@ class TrajectoryRow:
             if not prev_end <= start <= end <= n:
                 raise ValueError(f"turn span [{start}, {end}) is out of order or out of range")
             prev_end = end
-        if self.style not in EXPORT_STYLES:
+        if self.style not in _STYLES:
             raise ValueError(f"unknown style {self.style!r}")
         if not math.isfinite(self.reward):
             raise ValueError(f"reward {self.reward} is not finite")
@@ -85,26 +105,27 @@ class TrajectoryRow:
 
 def export_session(
     session: Session,
-    style: str = "individual",
-    credit: str | CreditRule = "discount",
+    style: str = DEFAULT_EXPORT_STYLE,
+    credit: str | CreditFn = DEFAULT_CREDIT_RULE,
     discount: float = 1.0,
     *,
     allow_aborted: bool = False,
 ) -> list[TrajectoryRow]:
     """Credit a session's calls and turn them into rows; pure (the session is not changed)."""
-    if style not in EXPORT_STYLES:
-        raise InvalidRequest(f"unknown export style {style!r}; known: {list(EXPORT_STYLES)}")
+    if style not in _STYLES:
+        raise InvalidRequest(f"unknown export style {style!r}; "
+                             f"known: {[str(s) for s in ExportStyle]}")
     if session.state == SessionState.ABORTED and not allow_aborted:
         raise SessionClosed(f"session {session.id} was aborted: its calls are not for training")
     rule = credit_rule(credit) if isinstance(credit, str) else credit
     credited = rule(session.tree(), discount)
     base_meta = {
-        "credit": credit if isinstance(credit, str) else getattr(credit, "__name__", "custom"),
+        "credit": str(credit) if isinstance(credit, str) else getattr(credit, "__name__", "custom"),
         "discount": discount,
         "final_reward": session.final_reward,
         "session": dict(session.metadata),
     }
-    if style == "individual":
+    if style == ExportStyle.INDIVIDUAL:
         return [_individual_row(session, c, credited[c.id], base_meta)
                 for c in session.interactions]
     rows: list[TrajectoryRow] = []
@@ -123,7 +144,7 @@ def _individual_row(
         session_id=session.id,
         task_id=session.task_id,
         segment_id=c.segment_id,
-        style="individual",
+        style=ExportStyle.INDIVIDUAL.value,
         interaction_ids=[c.id],
         input_ids=list(c.token_ids),
         loss_mask=[0] * p + [1] * o,
@@ -161,7 +182,7 @@ def _concat_row(
         session_id=session.id,
         task_id=session.task_id,
         segment_id=leaf.segment_id,
-        style="concat",
+        style=ExportStyle.CONCAT.value,
         interaction_ids=[c.id for c in path],
         input_ids=tokens,
         loss_mask=mask,

@@ -1,5 +1,6 @@
-"""Sessions: the tree of recorded calls, parent lookup by hashed message prefixes, rewards, and
-the `SessionStore` that bounds how many sessions live in memory.
+"""Sessions: the tree of recorded calls, parent lookup by hashed message prefixes, rewards and
+the session lifecycle. (The gateway's store of live sessions, with keys, TTL and capacity, is
+`relayrl.gateway.session_store`.)
 
 Parent lookup is a dictionary probe per assistant turn: every recorded call is indexed by a
 running sha256 over the canonical form of its messages plus its reply (and, separately, of its
@@ -13,27 +14,27 @@ model never saw.
 Sessions are used from one asyncio thread (the gateway's); nothing here takes locks. Every change
 is written to an optional journal (the durable log) *before* memory changes, so a failed write
 leaves the session as it was.
+
+May import: `relayrl.chat.conversation`, `relayrl.errors`, `relayrl.types` and the other
+`relayrl.trajectory` modules (never the gateway, and no torch).
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import math
 import secrets
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
 from relayrl.chat.conversation import Conversation, Message, ParsedReply, canonical_message
 from relayrl.errors import (
-    AuthenticationFailed,
-    CapacityExhausted,
     InvalidRequest,
     NotFound,
     SessionClosed,
@@ -86,7 +87,8 @@ _HASHED_CONVERSATIONS = 16
 """Conversations a session remembers the hashes of, from `locate` until their calls `record`."""
 
 
-def _key_hash(api_key: str) -> bytes:
+def hash_key(api_key: str) -> bytes:
+    """The digest a session keeps of its key (the plain key is never stored or logged)."""
     return hashlib.sha256(api_key.encode()).digest()
 
 
@@ -166,7 +168,7 @@ class Session:
         self.metadata: dict[str, Any] = dict(metadata or {})
         if key_hash is None:
             api_key = api_key or secrets.token_urlsafe(32)
-            key_hash = _key_hash(api_key)
+            key_hash = hash_key(api_key)
         self.api_key = api_key
         """The plain key; None for a session rebuilt from the log (only its hash was stored)."""
         self.key_hash = key_hash
@@ -503,176 +505,3 @@ def _finite(reward: float) -> float:
 
 def _timings_dict(t: Timings | None) -> dict[str, float]:
     return {} if t is None else {k: float(v) for k, v in asdict(t).items()}
-
-
-class SessionStore:
-    """Live sessions, bounded in number, with idle expiry, key lookup and the staleness rule.
-
-    Idle OPEN sessions expire after `ttl_s` and become ABORTED (never a zero reward). When full,
-    expired, exported and aborted sessions are evicted first; if every slot still holds a session
-    with unexported calls, `start_session` refuses (CapacityExhausted) rather than drop data.
-    """
-
-    def __init__(
-        self,
-        ttl_s: float = 900.0,
-        max_sessions: int = 10_000,
-        log: SessionJournal | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        if ttl_s <= 0 or max_sessions <= 0:
-            raise InvalidRequest("ttl_s and max_sessions must be > 0")
-        self.ttl_s = ttl_s
-        self.max_sessions = max_sessions
-        self.log = log
-        self._clock = clock
-        self._sessions: dict[str, Session] = {}
-        self._by_key: dict[bytes, str] = {}
-        self.submitted = 0
-        """Sessions ever started here (adopted ones included): the staleness rule counts them."""
-        self._rule: tuple[int, int, int] | None = None  # (version, max_staleness, batch_size)
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    def __contains__(self, session_id: object) -> bool:
-        return session_id in self._sessions
-
-    def __iter__(self) -> Iterator[Session]:
-        return iter(list(self._sessions.values()))
-
-    def grant_capacity(self, version: int, max_staleness: int, batch_size: int) -> int:
-        """How many more sessions may start: submitted <= (version + max_staleness + 1) * batch.
-
-        The rule given here stays in force for `start_session` until the next call.
-        """
-        if version < 0 or max_staleness < 0 or batch_size < 1:
-            raise InvalidRequest(
-                f"need version >= 0, max_staleness >= 0, batch_size >= 1; got "
-                f"{version}, {max_staleness}, {batch_size}"
-            )
-        self._rule = (version, max_staleness, batch_size)
-        return self._room()
-
-    def _room(self) -> int:
-        if self._rule is None:
-            return self.max_sessions  # no staleness rule given: only memory bounds us
-        version, max_staleness, batch_size = self._rule
-        return max(0, (version + max_staleness + 1) * batch_size - self.submitted)
-
-    def start_session(
-        self,
-        task_id: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        *,
-        session_id: str | None = None,
-        api_key: str | None = None,
-    ) -> Session:
-        """Open a new session (journaled); raises CapacityExhausted when none may start."""
-        if self._room() <= 0:
-            raise CapacityExhausted(
-                f"staleness limit reached: {self.submitted} sessions submitted under "
-                f"(version, max_staleness, batch_size) = {self._rule}"
-            )
-        sid = session_id or f"sess-{uuid.uuid4().hex}"
-        if sid in self._sessions:
-            raise InvalidRequest(f"session {sid} already exists")
-        self._make_room()
-        session = Session(sid, task_id, metadata, api_key, journal=self.log, clock=self._clock)
-        self._add(session)
-        self.submitted += 1
-        return session
-
-    def adopt(self, sessions: Iterable[Session]) -> None:
-        """Take in sessions rebuilt from the log (counted as submitted; TTL restarts now)."""
-        for s in sessions:
-            if s.id in self._sessions:
-                raise InvalidRequest(f"session {s.id} already exists")
-            s.attach_journal(self.log)
-            s.touch(self._clock())
-            self._add(s)
-            self.submitted += 1
-
-    def _add(self, session: Session) -> None:
-        self._sessions[session.id] = session
-        self._by_key[session.key_hash] = session.id
-
-    def get(self, session_id: str, *, touch: bool = True) -> Session:
-        """The session `session_id` (NotFound); marks it active unless `touch=False`."""
-        session = self._sessions.get(session_id)
-        if session is None:
-            raise NotFound(f"unknown session {session_id!r}")
-        if touch:
-            session.touch(self._clock())
-        return session
-
-    def by_key(self, api_key: str) -> Session:
-        """The session whose key is `api_key` (AuthenticationFailed if none); O(1)."""
-        digest = _key_hash(api_key)
-        sid = self._by_key.get(digest)
-        session = self._sessions.get(sid) if sid is not None else None
-        # compare_digest keeps the final check constant-time, whatever the dict lookup did
-        if session is None or not hmac.compare_digest(session.key_hash, digest):
-            raise AuthenticationFailed("invalid session key")
-        return self.get(session.id)
-
-    def authorize(self, session_id: str, api_key: str) -> Session:
-        """The session `session_id` if `api_key` is its key (constant-time compare)."""
-        session = self.get(session_id, touch=False)
-        if not hmac.compare_digest(session.key_hash, _key_hash(api_key)):
-            raise AuthenticationFailed(f"this key does not reach session {session_id}")
-        return self.get(session_id)
-
-    def remove(self, session_id: str) -> None:
-        """Forget a session (NotFound if unknown)."""
-        session = self._sessions.pop(session_id, None)
-        if session is None:
-            raise NotFound(f"unknown session {session_id!r}")
-        self._by_key.pop(session.key_hash, None)
-
-    def expire(self, now: float | None = None) -> list[Session]:
-        """Abort OPEN sessions idle for longer than the TTL; returns them.
-
-        A plain scan: the gateway calls it every few seconds and on a full store; 10k sessions
-        take about a millisecond, less than an ordered index would cost to keep exact.
-        """
-        now = self._clock() if now is None else now
-        expired = [s for s in self._sessions.values()
-                   if s.state == SessionState.OPEN and s.last_active + self.ttl_s < now]
-        for s in expired:
-            self.abort(s.id)
-        return expired
-
-    def abort(self, session_id: str) -> Session:
-        """Abort a session: its calls are never trained on, and its capacity is given back.
-
-        Counting aborted episodes against the staleness budget would let failures starve
-        training: the trainer could never fill the batch that moves the version on.
-        """
-        session = self.get(session_id, touch=False)
-        if session.state in (SessionState.OPEN, SessionState.ENDED):
-            session.abort()
-            self.submitted = max(0, self.submitted - 1)
-        return session
-
-    def _make_room(self) -> None:
-        if len(self._sessions) < self.max_sessions:
-            return
-        self.expire()
-        closed = sorted(
-            (s for s in self._sessions.values()
-             if s.state in (SessionState.EXPORTED, SessionState.ABORTED)),
-            key=lambda s: s.last_active,
-        )
-        for s in closed:  # evict them all: the scan is O(n), so make it rare
-            self.remove(s.id)
-        if len(self._sessions) >= self.max_sessions:
-            raise CapacityExhausted(
-                f"session store full: {len(self._sessions)} sessions hold unexported calls"
-            )
-
-    def stats(self) -> dict[str, int]:
-        """Sessions by state, plus `submitted`."""
-        by_state = Counter(str(s.state) for s in self._sessions.values())
-        return {"submitted": self.submitted, **{str(st): by_state.get(str(st), 0)
-                                                  for st in SessionState}}

@@ -1,7 +1,11 @@
-"""relayrl.workflow: episodes. `RolloutWorkflow`, agents as workflows, groups, context, dumps."""
+"""relayrl.workflow: episodes. `RolloutWorkflow`, agents as workflows, groups, context, dumps.
+
+May import: `relayrl.client`, `relayrl.trajectory`, `relayrl.errors`, httpx; torch only inside
+functions that build tensors, openai never (agents bring their own SDK).
+"""
 
 from relayrl.workflow import context as workflow_context
-from relayrl.workflow.agent import AgentConfig, AgentWorkflow
+from relayrl.workflow.agent import AgentConfig, AgentMode, AgentWorkflow
 from relayrl.workflow.base import EpisodeResult, RolloutWorkflow, is_interaction_dict, to_rows
 from relayrl.workflow.context import EpisodeContext, episode_scope, stat_scope
 from relayrl.workflow.dump import TrajectoryDumper, tokenizer_decoder
@@ -23,6 +27,7 @@ from relayrl.workflow.tensors import (
 
 __all__ = [
     "AgentConfig",
+    "AgentMode",
     "AgentWorkflow",
     "AsyncRewardWrapper",
     "EpisodeContext",

@@ -12,6 +12,10 @@ agent is pickled once, up front, so an unpicklable agent fails before any episod
 
 Whatever happens to the agent (it raises, hangs, is cancelled), the session is ended and
 released on the gateway: a failed episode is aborted, and its calls are never trained on.
+
+May import: httpx, `relayrl.client`, `relayrl.trajectory` (rows, `ExportStyle`, `CreditRule`),
+`relayrl.errors` and the other `relayrl.workflow` modules; never torch or openai (agents bring
+their own SDKs).
 """
 
 from __future__ import annotations
@@ -24,13 +28,22 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import httpx
 
 from relayrl.client.session_client import SessionClient, SessionHandle
 from relayrl.errors import CapacityExhausted, ConfigError, InvalidRequest
-from relayrl.trajectory import EXPORT_STYLES, SCHEMA_VERSION, TrajectoryRow, row_from_dict
+from relayrl.trajectory import (
+    DEFAULT_CREDIT_RULE,
+    DEFAULT_EXPORT_STYLE,
+    SCHEMA_VERSION,
+    CreditRule,
+    ExportStyle,
+    TrajectoryRow,
+    row_from_dict,
+)
 from relayrl.workflow.base import RolloutWorkflow
 from relayrl.workflow.context import EpisodeContext
 from relayrl.workflow.context import get as current_context
@@ -38,31 +51,44 @@ from relayrl.workflow.subproc import SubprocessPool, pickle_agent
 
 log = logging.getLogger(__name__)
 
-MODES = ("inline", "subprocess")
-CREDIT_RULES = ("discount", "outcome", "returns_to_go")
+
+
+class AgentMode(StrEnum):
+    """Where an agent's `run` executes."""
+
+    INLINE = "inline"
+    """A coroutine on the rollout process's event loop."""
+    SUBPROCESS = "subprocess"
+    """A worker process (may be synchronous; killed on timeout)."""
+
+
+def _member(enum_type: type[StrEnum], value: str, what: str) -> StrEnum:
+    try:
+        return enum_type(value)
+    except ValueError:
+        raise ConfigError(f"{what} {value!r} is not one of "
+                          f"{[str(m) for m in enum_type]}") from None
 
 
 @dataclass(frozen=True)
 class AgentConfig:
     """How an agent is run and exported."""
 
-    mode: str = "inline"               # "inline" (coroutine here) or "subprocess" (worker pool)
+    mode: AgentMode = AgentMode.INLINE   # "inline" (coroutine here) or "subprocess" (worker pool)
     subproc_max_workers: int = 4       # worker processes in subprocess mode
-    export_style: str = "concat"       # "concat" (a row per segment path) or "individual"
-    credit: str = "discount"           # credit rule applied at export
+    export_style: ExportStyle = DEFAULT_EXPORT_STYLE  # "concat" (row per segment path) or "individual"
+    credit: CreditRule = DEFAULT_CREDIT_RULE  # credit rule applied at export
     discount: float = 1.0              # γ of the discount rule
     capacity_wait_s: float = 60.0      # how long to wait for gateway capacity before aborting
     capacity_poll_s: float = 0.25      # pause between capacity checks
     http_timeout_s: float = 600.0      # per request on the shared http_client (slow CPU models)
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"agent mode {self.mode!r} is not one of {list(MODES)}")
-        if self.export_style not in EXPORT_STYLES:
-            raise ConfigError(f"export_style {self.export_style!r} is not one of "
-                              f"{list(EXPORT_STYLES)}")
-        if self.credit not in CREDIT_RULES:
-            raise ConfigError(f"credit {self.credit!r} is not one of {list(CREDIT_RULES)}")
+        # plain strings are accepted (YAML, keyword arguments) and kept as the enums
+        object.__setattr__(self, "mode", _member(AgentMode, self.mode, "agent mode"))
+        object.__setattr__(self, "export_style",
+                           _member(ExportStyle, self.export_style, "export_style"))
+        object.__setattr__(self, "credit", _member(CreditRule, self.credit, "credit"))
         if (self.subproc_max_workers < 1 or self.capacity_poll_s <= 0
                 or self.capacity_wait_s < 0 or self.http_timeout_s <= 0):
             raise ConfigError("need subproc_max_workers >= 1, capacity_poll_s > 0, "
@@ -82,15 +108,15 @@ class AgentWorkflow(RolloutWorkflow):
         config = config or AgentConfig()
         if not has_run(agent):
             raise InvalidRequest(f"{type(agent).__qualname__} has no run(data, **kwargs) method")
-        if config.mode == "inline" and not inspect.iscoroutinefunction(agent.run):
+        if config.mode == AgentMode.INLINE and not inspect.iscoroutinefunction(agent.run):
             raise ConfigError(f"{type(agent).__qualname__}.run is synchronous; inline mode "
                               "needs `async def run`, or use mode='subprocess'")
         self.agent = agent
         self.client = client
         self.config = config
-        self._agent_bytes = pickle_agent(agent) if config.mode == "subprocess" else b""
+        self._agent_bytes = pickle_agent(agent) if config.mode == AgentMode.SUBPROCESS else b""
         self._pool = (SubprocessPool(config.subproc_max_workers)
-                      if config.mode == "subprocess" else None)
+                      if config.mode == AgentMode.SUBPROCESS else None)
         self._cleanups: set[asyncio.Task[None]] = set()
         self._http: httpx.AsyncClient | None = None
 
