@@ -98,3 +98,26 @@ async def test_outside_a_session_the_seed_agent_records_nothing(seed_env: Gatewa
     # (401) and nothing is recorded, which is why the seed wraps it
     await MyAgent().run(dataset[0])
     assert list(seed_env.deps.store) == []
+
+
+def test_the_example_in_docs_service_md_runs_as_an_external_process(open_svc: Gateway) -> None:
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "service.md").read_text()
+    section = doc[doc.index("## An agent that manages its own trajectory"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    env = {**os.environ, "OPENAI_BASE_URL": open_svc.url, "PYTHONPATH": str(root / "src")}
+    for name in ("RELAYRL_URL", "RELAYRL_API_KEY", "OPENAI_API_KEY"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    sessions = list(open_svc.deps.store)
+    assert len(sessions) == 3 + 4  # three epochs of one question, then one group of four
+    assert all(s.state == SessionState.ENDED and s.final_reward in (0.0, 1.0) for s in sessions)
+    assert all(len(s.interactions) == 1 and s.interactions[0].reward == 0.1 for s in sessions)
+    assert len({s.task_id for s in sessions}) == 2  # the question itself, then the runner's group
