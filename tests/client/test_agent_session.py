@@ -153,6 +153,24 @@ async def test_an_exception_aborts_the_session_and_propagates(svc: Gateway) -> N
     assert stored(svc, s2.session_id).state == SessionState.ABORTED
 
 
+async def test_a_cancelled_episode_is_aborted(svc: Gateway) -> None:
+    started = asyncio.Event()
+    ids: list[str] = []
+
+    async def episode() -> None:
+        async with AgentSession(svc.url, ADMIN) as s:
+            ids.append(s.session_id)
+            started.set()
+            await asyncio.sleep(30)
+
+    task = asyncio.create_task(episode())
+    await asyncio.wait_for(started.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert stored(svc, ids[0]).state == SessionState.ABORTED
+
+
 async def test_exit_finalizes_with_the_reward_set(svc: Gateway) -> None:
     async with AgentSession(svc.url, ADMIN) as s:
         await call_async("httpx_async", svc.url, "q")

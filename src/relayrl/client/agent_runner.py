@@ -73,14 +73,17 @@ class AgentRunner:
         items = list(dataset)
         run_id = uuid.uuid4().hex[:12]
         summary = RunSummary()
-        gate = asyncio.Semaphore(self.concurrency)
+        # episodes in order (every try of item 0, then item 1, ...), pulled by `concurrency`
+        # workers: a large dataset does not become a task per episode up front
+        todo = iter([(i, item) for i, item in enumerate(items) for _ in range(self.group_size)])
         bar = tqdm(total=len(items) * self.group_size, desc="episodes", unit="ep",
                    disable=not self.progress)
 
-        async def episode(index: int, item: Any) -> None:
-            async with gate:
+        async def worker() -> None:
+            for index, item in todo:
                 try:
-                    reward = await self._episode(agent_fn, f"{run_id}-{index}", item, summary)
+                    reward = await self._episode(agent_fn, f"{run_id}-{index}", index, item,
+                                                 summary)
                 except Exception as e:
                     summary.aborted += 1
                     summary.errors.append(f"item #{index}: {type(e).__name__}: {e}")
@@ -90,23 +93,22 @@ class AgentRunner:
                     summary.finished += 1
                     if reward is not None:
                         summary.rewards.append(reward)
-                finally:
-                    bar.update(1)
-                    mean = summary.mean_reward
-                    bar.set_postfix(reward="-" if mean is None else f"{mean:.3f}",
-                                    aborted=summary.aborted, refresh=False)
+                bar.update(1)
+                mean = summary.mean_reward
+                bar.set_postfix(reward="-" if mean is None else f"{mean:.3f}",
+                                aborted=summary.aborted, refresh=False)
 
         try:
-            await asyncio.gather(*(episode(i, item) for i, item in enumerate(items)
-                                   for _ in range(self.group_size)))
+            await asyncio.gather(*(worker() for _ in range(self.concurrency)))
         finally:
             bar.close()
         return summary
 
-    async def _episode(self, agent_fn: Callable[[Any], Any], group_id: str, item: Any,
-                       summary: RunSummary) -> float | None:
+    async def _episode(self, agent_fn: Callable[[Any], Any], group_id: str, index: int,
+                       item: Any, summary: RunSummary) -> float | None:
+        metadata = {**(self.metadata or {}), "item_index": index}
         session = AgentSession(self.base_url, self.api_key, group_id=group_id,
-                               metadata=self.metadata, start_wait_s=self.start_wait_s,
+                               metadata=metadata, start_wait_s=self.start_wait_s,
                                timeout_s=self.timeout_s)
         try:
             async with session as s:

@@ -449,7 +449,10 @@ def _message(resp: httpx.Response) -> str:
 
 def _done(value: Any) -> Awaitable[Any]:
     # an already-finished future: awaiting it is optional (no "never awaited" warning)
-    future = asyncio.get_running_loop().create_future()
+    try:
+        future = asyncio.get_running_loop().create_future()
+    except RuntimeError:  # not in a loop (set_reward before the block): nothing to await
+        return None  # type: ignore[return-value]
     future.set_result(value)
     return future
 
