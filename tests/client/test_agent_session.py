@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from relayrl.client import AgentSession
-from relayrl.errors import CapacityExhausted
+from relayrl.errors import CapacityExhausted, SessionClosed
 from relayrl.trajectory import SessionState
 from tests.client.conftest import admin_headers
 from tests.gateway.conftest import ADMIN, Gateway, fake_gateway
@@ -266,6 +266,15 @@ async def test_nested_sessions_bind_the_innermost_and_restore_the_outer(svc: Gat
     assert [("outer" in t) for t in texts(svc, outer.session_id)] == [True, True]
     [inner_text] = texts(svc, inner.session_id)
     assert "inner" in inner_text
+
+
+async def test_a_session_is_entered_once(svc: Gateway) -> None:
+    s = AgentSession(svc.url, ADMIN)
+    async with s:
+        pass
+    with pytest.raises(SessionClosed, match="entered once"):
+        async with s:
+            pass
 
 
 async def test_service_url_and_key_come_from_the_environment(svc: Gateway,

@@ -78,6 +78,18 @@ def test_abort_by_session_key_is_final_and_never_trained(gw: Gateway) -> None:
     assert httpx.post(gw.url + "/rl/v1/abort", json={}).status_code == 401
 
 
+def test_on_finalize_hears_each_trajectory_once(gw: Gateway) -> None:
+    from relayrl.gateway.routes_rl_v1 import state_of
+
+    heard: list[str] = []
+    state_of(gw.thread.app).on_finalize = lambda session: heard.append(session.id)
+    s = httpx.post(gw.url + "/rl/v1/start_session", json={}, headers=AUTH).json()
+    for reward in (1.0, 1.0, 0.0):
+        httpx.post(gw.url + "/rl/v1/finalize", json={"final_reward": reward},
+                   headers=key_headers(s["api_key"])).raise_for_status()
+    assert heard == [s["session_id"]]
+
+
 def test_status_reports_versions_sessions_and_recent_rewards(gw: Gateway) -> None:
     keys = []
     for _ in range(3):

@@ -252,8 +252,13 @@ class AgentSession:
 
     # ---- async use ----
 
+    def _once(self, sync: bool) -> None:
+        if self._sync is not None:
+            raise SessionClosed("an AgentSession is entered once; make a new one per episode")
+        self._sync = sync
+
     async def __aenter__(self) -> AgentSession:
-        self._sync = False
+        self._once(False)
         async with self._client() as c:
             await self._start(c)
         self._bind()
@@ -291,8 +296,14 @@ class AgentSession:
 
     async def _call(self, c: httpx.AsyncClient, path: str, body: dict[str, Any],
                     abort: bool = False) -> dict[str, Any]:
-        with _unbound():
-            resp = await c.post(self.root_url + path, json=body, headers=self._session_headers())
+        try:
+            with _unbound():
+                resp = await c.post(self.root_url + path, json=body,
+                                    headers=self._session_headers())
+        except httpx.HTTPError as e:
+            if not abort:
+                raise
+            return self._abort_failed(e)
         return self._answer(resp, path, abort)
 
     def _client(self) -> Any:
@@ -301,7 +312,7 @@ class AgentSession:
     # ---- sync use ----
 
     def __enter__(self) -> AgentSession:
-        self._sync = True
+        self._once(True)
         with httpx.Client(timeout=self.timeout_s) as c:
             deadline = time.monotonic() + self.start_wait_s
             body = {"group_id": self.group_id, "metadata": self.metadata}
@@ -328,8 +339,13 @@ class AgentSession:
             self._unbind()
 
     def _sync_call(self, path: str, body: dict[str, Any], abort: bool = False) -> dict[str, Any]:
-        with httpx.Client(timeout=self.timeout_s) as c, _unbound():
-            resp = c.post(self.root_url + path, json=body, headers=self._session_headers())
+        try:
+            with httpx.Client(timeout=self.timeout_s) as c, _unbound():
+                resp = c.post(self.root_url + path, json=body, headers=self._session_headers())
+        except httpx.HTTPError as e:
+            if not abort:
+                raise
+            return self._abort_failed(e)
         return self._answer(resp, path, abort)
 
     def _sync_finalize(self, reward: float | None) -> dict[str, Any]:
@@ -371,9 +387,10 @@ class AgentSession:
         if resp.status_code != 429:
             return None
         try:
-            wait = max(0.0, float(resp.headers.get("retry-after", "1")))
-        except ValueError:
+            wait = float(resp.headers.get("retry-after", "1"))
+        except ValueError:  # an HTTP date: not worth parsing, the service sends seconds
             wait = 1.0
+        wait = min(max(wait, 0.05), 3600.0)  # never a busy loop, never a day
         if time.monotonic() + wait > deadline:
             raise CapacityExhausted(
                 f"the service refused new sessions for longer than {self.start_wait_s} s "
@@ -394,14 +411,18 @@ class AgentSession:
     def _session_headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.api_key}"}
 
+    def _abort_failed(self, err: Exception) -> dict[str, Any]:
+        # the block is already failing with its own exception: say why the abort did not take
+        # rather than mask it (an open session the service cannot reach expires by its TTL, and
+        # an expired session is aborted too)
+        log.warning("session %s: abort failed: %s: %s", self.session_id, type(err).__name__, err)
+        return {}
+
     def _answer(self, resp: httpx.Response, path: str, abort: bool) -> dict[str, Any]:
         if resp.status_code >= 400:
             err = _error_from(resp)
             if abort:
-                # the block is already failing with its own exception; say why the abort
-                # did not take rather than mask that exception
-                log.warning("session %s: abort refused: %s", self.session_id, err)
-                return {}
+                return self._abort_failed(err)
             raise err
         data = resp.json()
         if "state" in data:

@@ -63,6 +63,8 @@ class V1State:
     """Back-pressure hook for whoever runs the trainer (None: only the store's rules apply)."""
     status_extra: Callable[[], dict[str, Any]] | None = None
     """More fields for `/rl/v1/status` (a trainer's step count, say)."""
+    on_finalize: Callable[[Session], None] | None = None
+    """Called once per session, after its first finalize (a consumer waiting for trajectories)."""
     finalized: OrderedDict[bytes, _Finalized] = field(default_factory=OrderedDict)
     """Key hash -> what the first finalize said, oldest first (bounded by RETIRED_KEYS)."""
     recent_rewards: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_REWARDS))
@@ -209,6 +211,8 @@ async def finalize(request: Request) -> dict[str, Any]:
         session.set_final_reward(final)
     session.end()
     state.remember(session, session.final_reward)
+    if state.on_finalize is not None:
+        state.on_finalize(session)
     return {"session_id": session.id, "state": str(session.state),
             "final_reward": session.final_reward, "already_finalized": False}
 
