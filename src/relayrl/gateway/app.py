@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from relayrl.chat.completion import CompletionRequest
 from relayrl.errors import InvalidRequest, RelayError, SessionClosed
-from relayrl.gateway import routes_rl
+from relayrl.gateway import routes_rl, routes_rl_v1
 from relayrl.gateway.auth import calling_session
 from relayrl.gateway.bodies import read_json
 from relayrl.gateway.core import (
@@ -268,6 +268,7 @@ def create_app(deps: GatewayDeps) -> FastAPI:
         app.add_route(prefix + "/v1/messages", messages, methods=["POST"])
         app.add_api_route(prefix + "/v1/models", list_models, methods=["GET"])
     routes_rl.register(app)
+    routes_rl_v1.register(app)
     app.add_exception_handler(RelayError, _relay_error)
     app.add_exception_handler(Exception, _relay_error)
     app.add_exception_handler(404, _not_found)

@@ -1,4 +1,5 @@
-"""RL routes: capacity, sessions, rewards, export (our spelling, and seed 003's `/rl/v1/*`).
+"""RL routes: capacity, sessions, rewards, export (our spelling; seed 003's `/rl/v1/*` is in
+routes_rl_v1).
 
 Admin routes need the admin key; reward and end routes need the session's own key. Bodies are
 validated by small pydantic models so a bad field is a 400/422 in OpenAI's error shape. Export
@@ -52,11 +53,6 @@ class SetReward(_Body):
         if not math.isfinite(v):
             raise ValueError("reward must be a finite number")
         return v
-
-
-class Finalize(_Body):
-    final_reward: float | None = None
-    reward: float | None = None
 
 
 class ExportRequest(_Body):
@@ -121,18 +117,6 @@ async def end_session(request: Request) -> dict[str, Any]:
     return {"session_id": session.id, "state": str(session.state)}
 
 
-async def finalize(request: Request) -> dict[str, Any]:
-    """Seed 003's finalize: an optional trajectory reward, then end the session."""
-    deps = _deps(request)
-    session = require_session(deps, request)
-    body: Finalize = await read_model(request, Finalize)
-    final = body.final_reward if body.final_reward is not None else body.reward
-    if final is not None:
-        session.set_final_reward(final)
-    session.end()
-    return {"session_id": session.id, "state": str(session.state), "final_reward": final}
-
-
 async def export_trajectories(request: Request) -> dict[str, Any]:
     """Rows of one session with credit assigned; idempotent until acknowledged."""
     deps = _deps(request)
@@ -181,12 +165,9 @@ def register(app: FastAPI) -> None:
     post = [
         ("/grant_capacity", grant_capacity),
         ("/rl/start_session", start_session),
-        ("/rl/v1/start_session", start_session),
         ("/rl/set_reward", set_reward),
-        ("/rl/v1/set_reward", set_reward),
         ("/rl/end_session", end_session),
         ("/rl/v1/end_session", end_session),
-        ("/rl/v1/finalize", finalize),
         ("/export_trajectories", export_trajectories),
         ("/rl/ack_export", ack_export),
         ("/rl/abort_session", abort_session),

@@ -1,0 +1,130 @@
+"""`ServiceLauncher`: the policy served on a public port for agents anywhere, and the trainer fed
+by the sessions they finalize (`ExternalSessionSource`).
+
+Like `LocalLauncher`, the engine and the gateway run in this process; unlike it, the gateway
+listens where the config says, applies the staleness rule itself (agents start sessions on their
+own, so the gateway is the only place that can refuse them), and the batches come from
+finalized sessions instead of a workflow over a dataset.
+
+Imports: engine, gateway, client, train (ports, actor), config, service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from relayrl.client import SessionClient
+from relayrl.config import RelayConfig
+from relayrl.engine.local import LocalEngine
+from relayrl.gateway.config import GatewayConfig
+from relayrl.gateway.server import GatewayThread, build_deps
+from relayrl.rollout import RolloutConfig
+from relayrl.rollout.external import ExternalSessionSource
+from relayrl.train.actor import Actor
+
+
+def service_gateway_config(cfg: RelayConfig) -> GatewayConfig:
+    """The gateway's settings for a service: the staleness rule counted in sessions."""
+    r = cfg.rollout
+    return replace(cfg.gateway_config(), max_staleness=r.max_staleness,
+                   batch_size=r.batch_size * r.group_size)
+
+
+def ensure_admin_key(cfg: RelayConfig) -> tuple[RelayConfig, Path | None]:
+    """The config with an admin key; a generated one is written (0600) under the run dir.
+
+    A service's control routes (start, abort, export) must not be open to every local process,
+    and a key is a secret: it goes to a file only its owner can read, never to the log.
+    """
+    if cfg.gateway.admin_key:
+        return cfg, None
+    path = cfg.run_dir / "admin_key"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = path.read_text().strip() if path.exists() else ""
+    if len(key) < 32:
+        key = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
+    return replace(cfg, gateway=replace(cfg.gateway, admin_key=key)), path
+
+
+@dataclass
+class ServiceServices:
+    """The engine, the public gateway, an admin client, and the source of external batches."""
+
+    engine: LocalEngine
+    gateway: GatewayThread
+    client: SessionClient
+    config: RelayConfig
+    source: ExternalSessionSource | None = None
+
+    def batches(self, workflow: Any, workflow_kwargs: dict[str, Any] | None,
+                dataset: Sequence[dict[str, Any]], rollout: RolloutConfig,
+                version_fn: Callable[[], int]) -> ExternalSessionSource:
+        """Batches from finalized sessions (the workflow and dataset are the agents' own)."""
+        agent = rollout.agent_config()
+        svc = self.config.service
+        self.source = ExternalSessionSource(
+            self.client, group_size=rollout.group_size, batch_size=rollout.batch_size,
+            max_staleness=rollout.max_staleness, version_fn=version_fn,
+            export_style=str(agent.export_style), credit=str(agent.credit),
+            discount=agent.discount, group_wait_s=svc.group_wait_s, poll_s=svc.poll_s)
+        self.gateway.deps.status_hooks.append(self.source.counters.as_dict)
+        return self.source
+
+    def stop(self) -> None:
+        """Refuse new sessions and hand the trainer no more batches (SIGINT/SIGTERM)."""
+        self.gateway.deps.draining = True
+        if self.source is not None:
+            self.source.stop()
+
+    async def aclose(self) -> None:
+        """Abort sessions still open (never trained), then stop the gateway and the engine."""
+        self.gateway.deps.draining = True
+        for session_id in await self.client.open_sessions():
+            with contextlib.suppress(Exception):  # ended meanwhile: nothing to abort
+                await self.client.abort_session(session_id)
+        await self.client.aclose()
+        self.gateway.stop()
+        if self.gateway.deps.log is not None:
+            self.gateway.deps.log.close()
+        await self.engine.aclose()
+
+
+class ServiceLauncher:
+    """Starts a `ServiceServices` and prints where agents reach it."""
+
+    def __init__(self, config: RelayConfig) -> None:
+        self.config = config
+        self.services: ServiceServices | None = None
+        self._stop_requested = False
+
+    async def __call__(self, actor: Actor) -> ServiceServices:
+        """Engine with the actor's weights, gateway on the configured address, admin client."""
+        cfg = self.config
+        engine = LocalEngine(actor.model_dir(), seed=cfg.seed)
+        if actor.version:
+            await engine.update_weights(actor.state_dict_for_engine(), version=actor.version)
+        gw_cfg = replace(service_gateway_config(cfg), model=actor.model_dir(),
+                         model_label=cfg.gateway.model_label or cfg.model)
+        gateway = GatewayThread(build_deps(gw_cfg, engine=engine), host=gw_cfg.host,
+                                port=gw_cfg.port).start()
+        print(f"relayrl service listening at {gateway.url}", flush=True)
+        client = SessionClient(gateway.url, admin_key=gw_cfg.admin_key)
+        self.services = ServiceServices(engine, gateway, client, cfg)
+        if self._stop_requested:
+            self.services.stop()
+        return self.services
+
+    def stop(self) -> None:
+        """Begin a clean shutdown (safe to call before the services exist)."""
+        self._stop_requested = True
+        if self.services is not None:
+            self.services.stop()

@@ -1,0 +1,49 @@
+"""`relayrl serve CONFIG [overrides]`: the any-agent RL service, until SIGINT/SIGTERM.
+
+On a signal: new sessions are refused, the trainer finishes its step, a checkpoint is written,
+sessions still open are aborted (never trained), the log is closed. Finalized but untrained
+sessions stay in the log and are trained after a restart on the same log.
+
+Imports: config, launch, train, service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from relayrl.config import RelayConfig, dump_config, load_config
+from relayrl.launch.process import limit_heap_growth
+from relayrl.service.launcher import ServiceLauncher, ensure_admin_key
+from relayrl.train.trainer import PPOTrainer, TrainResult
+
+
+def serve_from_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainResult:
+    """Load the config and run the service until stopped; returns what the trainer produced."""
+    cfg = load_config(RelayConfig, path, overrides)
+    if cfg.gateway.log_path is None:  # a service must survive a crash: keep a durable log
+        cfg = replace(cfg, gateway=replace(cfg.gateway, log_path=str(cfg.run_dir / "sessions.db")))
+    cfg, key_file = ensure_admin_key(cfg)
+    if key_file is not None:
+        print(f"relayrl service admin key in {key_file} (set RELAYRL_ADMIN_KEY from it)",
+              flush=True)
+    return asyncio.run(serve(cfg))
+
+
+async def serve(cfg: RelayConfig) -> TrainResult:
+    """Run the service in the current event loop until `SIGINT`/`SIGTERM`."""
+    limit_heap_growth()
+    dump_config(cfg, cfg.run_dir / "config.yaml")
+    launcher = ServiceLauncher(cfg)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, launcher.stop)
+    try:
+        trainer = PPOTrainer(cfg, [], None, launcher=launcher)
+        return await trainer.atrain(workflow=None)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
