@@ -53,6 +53,32 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from relayrl.service.run import serve_from_config
+
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config and not Path(config).exists():
+        config, overrides = None, [config, *overrides]  # `relayrl serve gateway.port=9000`
+    result = serve_from_config(config, overrides)
+    print(result.summary(), flush=True)
+    return 0
+
+
+def _cmd_serve_model(args: argparse.Namespace) -> int:
+    from relayrl.gateway.server import GatewayConfig, serve
+    from relayrl.launch.inference import find_checkpoint
+
+    checkpoint = args.checkpoint or find_checkpoint(args.fileroot, args.experiment, args.trial,
+                                                    args.step)
+    label = (f"{args.experiment}/{args.trial}" if args.experiment and args.trial
+             else str(checkpoint))
+    serve(GatewayConfig(model=str(checkpoint), engine="local", host=args.host, port=args.port,
+                        admin_key=args.admin_key, model_label=label, max_staleness=None))
+    return 0
+
+
 def _cmd_chat(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -89,6 +115,24 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("config", help="YAML config, e.g. examples/math_agent/config.yaml")
     tr.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-5")
     tr.set_defaults(func=_cmd_train)
+
+    sv = sub.add_parser("serve", help="the any-agent RL service: agents anywhere drive sessions, "
+                        "the trainer learns from what they finalize")
+    sv.add_argument("config", nargs="?", default=None, help="YAML config (same format as train)")
+    sv.add_argument("overrides", nargs="*", help="dotted overrides, e.g. gateway.port=8080")
+    sv.set_defaults(func=_cmd_serve)
+
+    sm = sub.add_parser("serve-model", help="serve a trained checkpoint for inference "
+                        "(OpenAI and Anthropic APIs, calls not recorded)")
+    sm.add_argument("--checkpoint", default=None, help="a checkpoint (HF) directory")
+    sm.add_argument("--experiment", default=None)
+    sm.add_argument("--trial", default=None)
+    sm.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    sm.add_argument("--fileroot", default="runs")
+    sm.add_argument("--host", default="127.0.0.1")
+    sm.add_argument("--port", type=int, default=8000)
+    sm.add_argument("--admin-key", default=None, help="required off loopback")
+    sm.set_defaults(func=_cmd_serve_model)
 
     ch = sub.add_parser("chat", help="answer a prompt with a trained checkpoint")
     ch.add_argument("prompt")

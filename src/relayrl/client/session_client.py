@@ -112,6 +112,28 @@ class SessionClient:
         await self._post("/rl/ack_export", {"session_id": session_id}, self.admin_key)
 
 
+    async def abort_session(self, session_id: str) -> None:
+        """Abort a session: never trained on, its capacity goes back (admin)."""
+        await self._post("/rl/abort_session", {"session_id": session_id}, self.admin_key)
+
+    async def list_sessions(self, state: str, limit: int = 1000) -> list[dict[str, Any]]:
+        """Sessions in `state` (open, ended, exported, aborted), oldest first (admin)."""
+        headers = {"authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
+        resp = await self.http.get(f"{self.gateway_url}/rl/sessions",
+                                   params={"state": state, "limit": limit}, headers=headers)
+        if resp.status_code >= 400:
+            raise _error_from(resp)
+        return list(resp.json()["sessions"])
+
+    async def finished_sessions(self) -> list[dict[str, Any]]:
+        """Finalized sessions waiting for export (admin)."""
+        return await self.list_sessions("ended")
+
+    async def open_sessions(self) -> list[str]:
+        """Ids of sessions still taking calls (admin)."""
+        return [s["session_id"] for s in await self.list_sessions("open")]
+
+
 def _error_from(resp: httpx.Response) -> RelayError:
     try:
         err = resp.json().get("error", {})

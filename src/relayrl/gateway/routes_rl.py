@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from relayrl.errors import InvalidRequest
 from relayrl.gateway.auth import require_admin, require_session
 from relayrl.gateway.bodies import read_model
 from relayrl.gateway.core import GatewayDeps
@@ -26,6 +27,7 @@ from relayrl.trajectory import (
     DEFAULT_EXPORT_STYLE,
     CreditRule,
     ExportStyle,
+    SessionState,
     export_session,
     row_to_dict,
 )
@@ -149,6 +151,25 @@ async def ack_export(request: Request) -> dict[str, Any]:
     return {"session_id": body.session_id, "state": "exported"}
 
 
+_LIST_LIMIT = 10_000
+
+
+async def list_sessions(request: Request) -> dict[str, Any]:
+    """Sessions in one state, oldest first (admin): `?state=ended` lists finalized ones."""
+    deps = _deps(request)
+    require_admin(deps, request)
+    state = request.query_params.get("state", str(SessionState.ENDED))
+    if state not in {str(s) for s in SessionState}:
+        raise InvalidRequest(f"state must be one of {[str(s) for s in SessionState]}")
+    raw_limit = request.query_params.get("limit", "1000")
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= _LIST_LIMIT:
+        raise InvalidRequest(f"limit must be an integer in [1, {_LIST_LIMIT}]")
+    found = [s for s in deps.store if str(s.state) == state][: int(raw_limit)]
+    return {"sessions": [{"session_id": s.id, "task_id": s.task_id, "group_id": s.task_id,
+                          "state": str(s.state), "calls": len(s.interactions),
+                          "metadata": dict(s.metadata)} for s in found]}
+
+
 def _acknowledge(deps: GatewayDeps, session_id: str) -> None:
     deps.store.acknowledge(session_id)
 
@@ -172,6 +193,7 @@ def register(app: FastAPI) -> None:
         ("/rl/ack_export", ack_export),
         ("/rl/abort_session", abort_session),
     ]
+    app.add_api_route("/rl/sessions", list_sessions, methods=["GET"])
     for path, fn in post:
         app.add_api_route(path, fn, methods=["POST"])
     app.add_api_route("/health", health, methods=["GET"])

@@ -23,10 +23,14 @@ from relayrl.client import SessionClient
 from relayrl.config import RelayConfig
 from relayrl.engine.local import LocalEngine
 from relayrl.gateway.config import GatewayConfig
+from relayrl.gateway.routes_rl_v1 import state_of
 from relayrl.gateway.server import GatewayThread, build_deps
 from relayrl.rollout import RolloutConfig
 from relayrl.rollout.external import ExternalSessionSource
 from relayrl.train.actor import Actor
+
+DRAIN_RETRY_S = 30.0
+"""`Retry-After` for sessions refused while the service shuts down."""
 
 
 def service_gateway_config(cfg: RelayConfig) -> GatewayConfig:
@@ -63,7 +67,20 @@ class ServiceServices:
     gateway: GatewayThread
     client: SessionClient
     config: RelayConfig
+    actor: Actor
     source: ExternalSessionSource | None = None
+    draining: bool = False
+
+    def __post_init__(self) -> None:
+        v1 = state_of(self.gateway.app)
+        v1.status_extra = self.status
+        v1.admit = lambda deps: DRAIN_RETRY_S if self.draining else None
+
+    def status(self) -> dict[str, Any]:
+        """The trainer's side of `/rl/v1/status`: steps, and what the source has seen."""
+        trainer = self.source.counters.as_dict() if self.source is not None else {}
+        return {"trainer": {"step": self.actor.step, "version": self.actor.version,
+                            "draining": self.draining, **trainer}}
 
     def batches(self, workflow: Any, workflow_kwargs: dict[str, Any] | None,
                 dataset: Sequence[dict[str, Any]], rollout: RolloutConfig,
@@ -76,18 +93,17 @@ class ServiceServices:
             max_staleness=rollout.max_staleness, version_fn=version_fn,
             export_style=str(agent.export_style), credit=str(agent.credit),
             discount=agent.discount, group_wait_s=svc.group_wait_s, poll_s=svc.poll_s)
-        self.gateway.deps.status_hooks.append(self.source.counters.as_dict)
         return self.source
 
     def stop(self) -> None:
         """Refuse new sessions and hand the trainer no more batches (SIGINT/SIGTERM)."""
-        self.gateway.deps.draining = True
+        self.draining = True
         if self.source is not None:
             self.source.stop()
 
     async def aclose(self) -> None:
         """Abort sessions still open (never trained), then stop the gateway and the engine."""
-        self.gateway.deps.draining = True
+        self.draining = True
         for session_id in await self.client.open_sessions():
             with contextlib.suppress(Exception):  # ended meanwhile: nothing to abort
                 await self.client.abort_session(session_id)
@@ -118,7 +134,7 @@ class ServiceLauncher:
                                 port=gw_cfg.port).start()
         print(f"relayrl service listening at {gateway.url}", flush=True)
         client = SessionClient(gateway.url, admin_key=gw_cfg.admin_key)
-        self.services = ServiceServices(engine, gateway, client, cfg)
+        self.services = ServiceServices(engine, gateway, client, cfg, actor)
         if self._stop_requested:
             self.services.stop()
         return self.services
