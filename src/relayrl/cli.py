@@ -40,6 +40,8 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         admin_key=args.admin_key,
         log_path=args.log,
         session_ttl_s=args.session_ttl,
+        max_staleness=args.max_staleness,
+        batch_size=args.batch_size,
     )
     serve(config)
     return 0
@@ -109,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--admin-key", default=None, help="key for admin routes (required off loopback)")
     gw.add_argument("--log", default=None, help="SQLite log of every call (recovered on restart)")
     gw.add_argument("--session-ttl", type=float, default=3600.0, help="idle seconds before a session is aborted")
+    gw.add_argument("--max-staleness", type=int, default=None,
+                    help="staleness rule for an external trainer: admit sessions while submitted "
+                    "<= (version + N + 1) x batch size; version from POST /rl/v1/set_version "
+                    "(default: no rule)")
+    gw.add_argument("--batch-size", type=int, default=8,
+                    help="sessions per training batch, for --max-staleness")
     gw.set_defaults(func=_cmd_gateway)
 
     tr = sub.add_parser("train", help="train an agent with RL (config YAML + dotted overrides)")

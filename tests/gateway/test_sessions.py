@@ -198,3 +198,33 @@ def test_a_client_that_leaves_stops_its_generation_and_nothing_is_recorded(model
         assert g.export(s["session_id"]) == []
     finally:
         thread.stop()
+
+
+def test_a_gateway_without_a_trainer_applies_no_staleness_rule(model_dir: str) -> None:
+    g = fake_gateway(model_dir)  # the defaults of `relayrl gateway`
+    try:
+        with g.admin() as c:
+            for _ in range(40):  # used to stop at 16 (a 1 x 8 rule nobody could advance)
+                s = c.post("/rl/start_session", json={})
+                assert s.status_code == 200, s.text
+                c.post("/rl/abort_session", json={"session_id": s.json()["session_id"]})
+    finally:
+        g.thread.stop()
+
+
+def test_an_external_trainer_announces_its_version_and_capacity_follows(model_dir: str) -> None:
+    g = fake_gateway(model_dir, max_staleness=0, batch_size=2)
+    try:
+        with g.admin() as c:
+            for _ in range(2):
+                c.post("/rl/start_session", json={}).raise_for_status()
+            assert c.post("/rl/start_session", json={}).status_code == 429
+            r = c.post("/rl/v1/set_version", json={"version": 1})
+            assert r.json() == {"version": 1, "capacity": 2}
+            c.post("/rl/start_session", json={}).raise_for_status()
+            back = c.post("/rl/v1/set_version", json={"version": 0})
+            assert back.status_code == 400 and "only move forward" in back.text
+            assert httpx.get(g.url + "/rl/v1/status").json()["policy_version"] == 1
+        assert httpx.post(g.url + "/rl/v1/set_version", json={"version": 5}).status_code == 401
+    finally:
+        g.thread.stop()

@@ -116,3 +116,20 @@ def test_a_row_batch_becomes_a_train_batch_with_its_labels_and_turn_spans() -> N
     assert tb.turn_spans == (((6, 10), (15, 20)), ((6, 10), (15, 20)))
     assert tb.turn_rewards == ((1.0, 0.5), (0.0, 0.0))
     assert tb.num_trained_tokens == 18
+
+
+@pytest.mark.slow
+async def test_the_in_process_launcher_keeps_one_staleness_rule(tiny_llama_dir: str) -> None:
+    from relayrl.gateway.config import GatewayConfig
+    from relayrl.launch import LocalLauncher
+    from relayrl.train.actor import Actor
+
+    # a gateway rule of 1 x 1 would refuse the controller's own episodes from the third on
+    cfg = RelayConfig(model=tiny_llama_dir, gateway=GatewayConfig(max_staleness=1, batch_size=1))
+    services = await LocalLauncher(cfg)(Actor(tiny_llama_dir, TrainConfig(bf16=False)))
+    try:
+        assert services.gateway.deps.config.max_staleness is None
+        for _ in range(5):
+            await services.client.start_session()
+    finally:
+        await services.aclose()

@@ -20,6 +20,6 @@ class GatewayConfig:
     max_body_bytes: int = 8 << 20         # larger request bodies get a 413
     default_max_tokens: int = 1024        # when a request names no limit (clamped to the context)
     max_n: int = 16                       # most samples one request may ask for
-    max_staleness: int | None = 1         # versions a sample may lag (grant_capacity's rule); None: no rule
-    batch_size: int = 8                   # episodes per training batch (grant_capacity's rule)
+    max_staleness: int | None = None      # staleness rule at the gateway (versions a sample may lag); None: no rule
+    batch_size: int = 8                   # episodes per training batch (used only with max_staleness)
     model_label: str | None = None        # name shown in /v1/models and replies (default: model)

@@ -121,6 +121,13 @@ class GatewayDeps:
     """Unknown request fields already logged once."""
     renders: RenderCache = field(default_factory=RenderCache)
     """Prompt ids of recently rendered conversations."""
+    announced_version: int = 0
+    """The version an external trainer says it pushed to the engine (`/rl/v1/set_version`)."""
+
+    @property
+    def policy_version(self) -> int:
+        """The version the staleness rule counts from: the engine's, or a later announced one."""
+        return max(self.engine.version, self.announced_version)
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ def _capacity(deps: GatewayDeps) -> int:
     c = deps.config
     if c.max_staleness is None:  # an in-process controller enforces staleness itself
         return max(0, c.max_sessions - len(deps.store))
-    return deps.store.grant_capacity(deps.engine.version, c.max_staleness, c.batch_size)
+    return deps.store.grant_capacity(deps.policy_version, c.max_staleness, c.batch_size)
 
 
 async def start_session(request: Request) -> dict[str, Any]:
@@ -151,6 +151,22 @@ async def ack_export(request: Request) -> dict[str, Any]:
     return {"session_id": body.session_id, "state": "exported"}
 
 
+class SetVersion(_Body):
+    version: int
+
+
+async def set_version(request: Request) -> dict[str, Any]:
+    """An external trainer's word that the engine now serves `version` (admin); only forward."""
+    deps = _deps(request)
+    require_admin(deps, request)
+    body: SetVersion = await read_model(request, SetVersion)
+    if body.version < deps.policy_version:
+        raise InvalidRequest(f"version {body.version} is behind the current version "
+                             f"{deps.policy_version}; versions only move forward")
+    deps.announced_version = body.version
+    return {"version": deps.policy_version, "capacity": _capacity(deps)}
+
+
 _LIST_LIMIT = 10_000
 
 
@@ -192,6 +208,7 @@ def register(app: FastAPI) -> None:
         ("/export_trajectories", export_trajectories),
         ("/rl/ack_export", ack_export),
         ("/rl/abort_session", abort_session),
+        ("/rl/v1/set_version", set_version),
     ]
     app.add_api_route("/rl/sessions", list_sessions, methods=["GET"])
     for path, fn in post:

@@ -243,7 +243,7 @@ async def status(request: Request) -> dict[str, Any]:
         "status": "ok",
         "relayrl_version": relayrl.__version__,
         "model": deps.model_label,
-        "policy_version": deps.engine.version,
+        "policy_version": deps.policy_version,
         "uptime_s": round(time.time() - deps.started, 3),
         "sessions": {
             "open": stats.get(str(SessionState.OPEN), 0),

@@ -57,7 +57,10 @@ class LocalLauncher:
         engine = LocalEngine(actor.model_dir(), seed=cfg.seed)
         if actor.version:
             await engine.update_weights(actor.state_dict_for_engine(), version=actor.version)
-        gw_cfg = replace(cfg.gateway_config(), model=actor.model_dir(),
+        # One staleness rule, in one place: the rollout controller counts groups in flight, so
+        # a second rule at the gateway (counting sessions) could only refuse the controller's
+        # own episodes mid-group.
+        gw_cfg = replace(cfg.gateway_config(), model=actor.model_dir(), max_staleness=None,
                          model_label=cfg.gateway.model_label or cfg.model)
         gateway = GatewayThread(build_deps(gw_cfg, engine=engine)).start()
         client = SessionClient(gateway.url, admin_key=gw_cfg.admin_key,
