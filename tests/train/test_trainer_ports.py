@@ -133,3 +133,35 @@ async def test_the_in_process_launcher_keeps_one_staleness_rule(tiny_llama_dir: 
             await services.client.start_session()
     finally:
         await services.aclose()
+
+
+class FlakyEval(RolloutWorkflow):
+    """Item "slow-once" aborts on its first try only; item "broken" always aborts."""
+
+    def __init__(self) -> None:
+        self.tries: dict[str, int] = {}
+
+    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, TrajectoryRow]:
+        name = data["name"]
+        self.tries[name] = self.tries.get(name, 0) + 1
+        if name == "broken" or (name == "slow-once" and self.tries[name] == 1):
+            raise TimeoutError("episode ran past its timeout")
+        row = _two_turn_row(wc.get().episode_id, [data["r"], data["r"]], seed=1)
+        return {row.interaction_ids[-1]: row}
+
+
+async def test_an_eval_retries_aborted_items_once_and_never_scores_them_zero(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from relayrl.train.trainer import _Run
+
+    cfg = RelayConfig(fileroot=str(tmp_path), rollout=RolloutConfig(progress=False))
+    run = _Run(cfg, SimpleNamespace(version=0), InProcessServices())  # type: ignore[arg-type]
+    wf = FlakyEval()
+    items = [{"name": "ok", "r": 1.0}, {"name": "slow-once", "r": 1.0},
+             {"name": "broken", "r": 0.0}, {"name": "zero", "r": 0.0}]
+    result = await run.evaluate(wf, None, items, "test")
+    assert result is not None
+    assert (result.episodes, result.aborted, result.excluded) == (3, 2, 1)
+    assert result.mean_reward == pytest.approx(2 / 3)  # "broken" is left out, not a 0
+    assert wf.tries == {"ok": 1, "slow-once": 2, "broken": 2, "zero": 1}

@@ -40,11 +40,15 @@ from relayrl.trajectory import read_jsonl
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Held-out evaluation: mean episode reward over the eval set (aborted episodes count 0)."""
+    """Held-out evaluation: mean episode reward over the items that were scored."""
 
     mean_reward: float
     episodes: int
+    """Items scored (the mean is over these)."""
     aborted: int
+    """Items whose first episode aborted (each was run once more)."""
+    excluded: int = 0
+    """Items whose episode aborted twice: left out of the mean, never counted as 0."""
 
 
 @dataclass(frozen=True)
@@ -186,24 +190,42 @@ class _Run:
 
     async def evaluate(self, workflow: Any, kwargs: dict[str, Any] | None,
                        dataset: Sequence[dict[str, Any]] | None, tag: str) -> EvalResult | None:
-        """Mean reward of one episode per eval item; aborted episodes count as 0."""
+        """Mean reward of one episode per eval item, over the items that were scored.
+
+        An episode that aborted (a timeout on a busy machine, an agent crash) says nothing about
+        the policy's answer, so it is not a 0: its item is run once more, and if it aborts
+        again it is excluded and counted next to the mean.
+        """
         if not dataset:
             return None
-        async with self._controller(workflow, kwargs, dataset, is_eval=True) as controller:
-            rewards: dict[str, float] = {}
+        scores = await self._eval_pass(workflow, kwargs, dataset)
+        missing = [i for i in range(len(dataset)) if i not in scores]
+        if missing:
+            again = await self._eval_pass(workflow, kwargs, [dataset[i] for i in missing])
+            scores.update({missing[j]: r for j, r in again.items()})
+        excluded = len(dataset) - len(scores)
+        mean = sum(scores.values()) / len(scores) if scores else 0.0
+        result = EvalResult(mean, len(scores), len(missing), excluded)
+        print(f"eval {tag}: mean reward {result.mean_reward:.3f} over {result.episodes} "
+              f"held-out episodes ({result.aborted} aborted and retried, {result.excluded} "
+              f"excluded)", flush=True)
+        return result
+
+    async def _eval_pass(self, workflow: Any, kwargs: dict[str, Any] | None,
+                         items: Sequence[dict[str, Any]]) -> dict[int, float]:
+        """Item index -> reward of its one episode (items whose episode left no rows: absent)."""
+        scores: dict[int, float] = {}
+        async with self._controller(workflow, kwargs, items, is_eval=True) as controller:
             with contextlib.suppress(StopAsyncIteration):
-                for _ in range(len(dataset) + 1):  # bounded: one batch holds the whole set
+                for _ in range(len(items) + 1):  # bounded: one batch holds the whole set
                     s = controller.stats()
-                    if s.groups_accepted + s.groups_dropped >= len(dataset) and not s.groups_queued:
+                    if s.groups_accepted + s.groups_dropped >= len(items) and not s.groups_queued:
                         break  # every item ran once (asking again would wait for more data)
                     batch = await controller.next_batch()
-                    for ep, r in zip(batch.episode_ids, batch.rows.rewards, strict=True):
-                        rewards[ep] = max(r, rewards.get(ep, float("-inf")))
-            aborted = controller.stats().aborted
-        result = EvalResult(sum(rewards.values()) / len(dataset), len(dataset), aborted)
-        print(f"eval {tag}: mean reward {result.mean_reward:.3f} over {result.episodes} "
-              f"held-out episodes ({result.aborted} aborted)", flush=True)
-        return result
+                    # unshuffled, one group per item: task ids count the items in order
+                    for task, r in zip(batch.task_ids, batch.rows.rewards, strict=True):
+                        scores[int(task)] = max(r, scores.get(int(task), float("-inf")))
+        return scores
 
     async def loop(self, workflow: Any, kwargs: dict[str, Any] | None,
                    dataset: Sequence[dict[str, Any]], logger: MetricsLogger,
