@@ -148,3 +148,11 @@ def test_dumped_config_loads_back_equal(tmp_path: Path) -> None:
 def test_a_file_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_config(RelayConfig, write(tmp_path, "- a\n- b\n"))
+
+
+def test_the_seeds_subproc_spelling_is_the_subprocess_mode() -> None:
+    from relayrl.config import RelayConfig, load_config
+    from relayrl.workflow import AgentMode
+
+    cfg = load_config(RelayConfig, None, ["rollout.agent.mode=subproc"])
+    assert cfg.rollout.agent.mode is AgentMode.SUBPROCESS

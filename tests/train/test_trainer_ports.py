@@ -119,20 +119,32 @@ def test_a_row_batch_becomes_a_train_batch_with_its_labels_and_turn_spans() -> N
 
 
 @pytest.mark.slow
-async def test_the_in_process_launcher_keeps_one_staleness_rule(tiny_llama_dir: str) -> None:
+async def test_the_in_process_launcher_keeps_one_staleness_rule_and_dumps_text(
+        tiny_llama_dir: str, tmp_path: Path) -> None:
+    import json
+
     from relayrl.gateway.config import GatewayConfig
     from relayrl.launch import LocalLauncher
     from relayrl.train.actor import Actor
 
     # a gateway rule of 1 x 1 would refuse the controller's own episodes from the third on
-    cfg = RelayConfig(model=tiny_llama_dir, gateway=GatewayConfig(max_staleness=1, batch_size=1))
+    cfg = RelayConfig(model=tiny_llama_dir, experiment_name="exp", trial_name="run3",
+                      gateway=GatewayConfig(max_staleness=1, batch_size=1))
     services = await LocalLauncher(cfg)(Actor(tiny_llama_dir, TrainConfig(bf16=False)))
     try:
         assert services.gateway.deps.config.max_staleness is None
         for _ in range(5):
             await services.client.start_session()
+        rollout = RolloutConfig(group_size=2, batch_size=1, progress=False,
+                                dump_root=str(tmp_path), epochs=1)
+        async with services.batches(TwoTurnWorkflow(), None, [{"q": 1}], rollout,
+                                    version_fn=lambda: 0) as source:
+            await source.next_batch()
     finally:
         await services.aclose()
+    (dump,) = (tmp_path / "exp" / "run3").glob("rollout/*/*.jsonl")  # the run's names
+    record = json.loads(dump.read_text().splitlines()[0])
+    assert isinstance(record["prompt"], str) and isinstance(record["completion"], str)
 
 
 class FlakyEval(RolloutWorkflow):

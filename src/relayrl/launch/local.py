@@ -19,7 +19,7 @@ from relayrl.engine.local import LocalEngine
 from relayrl.gateway.server import GatewayThread, build_deps
 from relayrl.rollout import RolloutConfig, RolloutController
 from relayrl.train.actor import Actor
-from relayrl.workflow import resolve_workflow
+from relayrl.workflow import resolve_workflow, tokenizer_decoder
 
 
 @dataclass
@@ -29,6 +29,8 @@ class LocalServices:
     engine: LocalEngine
     gateway: GatewayThread
     client: SessionClient
+    config: RelayConfig
+    model_dir: str
 
     def batches(self, workflow: Any, workflow_kwargs: dict[str, Any] | None,
                 dataset: Sequence[dict[str, Any]], rollout: RolloutConfig,
@@ -36,7 +38,12 @@ class LocalServices:
         """A rollout controller running `workflow` over `dataset` against this gateway."""
         wf = resolve_workflow(workflow, workflow_kwargs, rollout.group_size, gateway=self.client,
                               agent_config=rollout.agent_config())
-        return RolloutController(wf, dataset, rollout, version_fn=version_fn)
+        decode = None
+        if rollout.dump_root:  # dumps belong to this run, and are read by people: decode text
+            rollout = replace(rollout, experiment=self.config.experiment_name,
+                              trial=self.config.trial_name)
+            decode = tokenizer_decoder(self.model_dir)
+        return RolloutController(wf, dataset, rollout, version_fn=version_fn, decode=decode)
 
     async def aclose(self) -> None:
         """Close the client, stop the gateway, then the engine."""
@@ -65,4 +72,4 @@ class LocalLauncher:
         gateway = GatewayThread(build_deps(gw_cfg, engine=engine)).start()
         client = SessionClient(gateway.url, admin_key=gw_cfg.admin_key,
                                timeout_s=cfg.rollout.episode_timeout_s)
-        return LocalServices(engine, gateway, client)
+        return LocalServices(engine, gateway, client, cfg, actor.model_dir())

@@ -31,8 +31,8 @@ class RolloutConfig:
     epochs: int | None = None            # passes over the dataset; None cycles forever
     is_eval: bool = False                # episodes see is_eval; stats and dumps go to eval-rollout
     dump_root: str | None = None         # fileroot of trajectory dumps; None writes none
-    experiment: str = "default"          # dump path component
-    trial: str = "trial0"                # dump path component
+    experiment: str = "default"          # dump path component (a training run uses its experiment_name)
+    trial: str = "trial0"                # dump path component (a training run uses its trial_name)
     progress: bool = True                # show a tqdm progress bar on stderr
 
     def __post_init__(self) -> None:

@@ -61,6 +61,11 @@ class AgentMode(StrEnum):
     SUBPROCESS = "subprocess"
     """A worker process (may be synchronous; killed on timeout)."""
 
+    @classmethod
+    def _missing_(cls, value: object) -> AgentMode | None:
+        # seed 000 spells the subprocess mode `subproc`; both name the same thing
+        return cls.SUBPROCESS if value == "subproc" else None
+
 
 def _member(enum_type: type[StrEnum], value: str, what: str) -> StrEnum:
     try:
