@@ -156,3 +156,11 @@ def test_the_seeds_subproc_spelling_is_the_subprocess_mode() -> None:
 
     cfg = load_config(RelayConfig, None, ["rollout.agent.mode=subproc"])
     assert cfg.rollout.agent.mode is AgentMode.SUBPROCESS
+
+
+def test_overrides_nested_under_a_free_form_field_are_parsed() -> None:
+    from relayrl.config import RelayConfig, load_config
+
+    cfg = load_config(RelayConfig, None, ["workflow_kwargs.sampling.top_p=0.5",
+                                          "workflow_kwargs.sampling.stop=[a, b]"])
+    assert cfg.workflow_kwargs == {"sampling": {"top_p": 0.5, "stop": ["a", "b"]}}

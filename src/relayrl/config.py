@@ -216,7 +216,7 @@ def _try_convert(value: Any, tp: Any, key: str) -> tuple[bool, Any]:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
-        return True, value
+        return True, _untext(value)
     if origin is typing.Union or origin is types.UnionType:
         if value is None:
             return type(None) in args, None
@@ -255,6 +255,20 @@ def _try_convert(value: Any, tp: Any, key: str) -> tuple[bool, Any]:
         kt, vt = args if args else (Any, Any)
         return True, {_convert(k, kt, key): _convert(v, vt, f"{key}.{k}") for k, v in value.items()}
     return _try_scalar(value, tp)
+
+
+def _untext(value: Any) -> Any:
+    """`value` with every override text inside it parsed as YAML (for fields typed `Any`)."""
+    if isinstance(value, _CliText):
+        try:
+            return yaml.safe_load(value.text) if value.text else ""
+        except yaml.YAMLError:
+            return value.text
+    if isinstance(value, Mapping):
+        return {k: _untext(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_untext(v) for v in value)
+    return value
 
 
 def _try_tuple(value: Any, args: tuple[Any, ...], key: str) -> tuple[bool, Any]:

@@ -1,0 +1,113 @@
+"""How LocalEngine's decode step degrades when another process competes for the cores.
+
+Run by hand:  python benchmarks/bench_contention.py [--concurrent 8] [--new-tokens 48] [--rounds 3]
+
+For each torch thread setting of the engine (1 and 2) and OpenMP wait policy (ACTIVE spins at
+barriers, PASSIVE sleeps), the engine decodes `--concurrent` requests alone, then again while a
+competing CPU-bound process (one busy Python loop, like a tokenizer or an agent's tool on the
+same machine) runs. It prints ms per decode step for both and their ratio, interleaved over
+`--rounds` rounds, with the load average before each run. A proportional slowdown with one
+competitor on two cores is about 1.0-2.0x; spinning OpenMP barriers showed 20x (57 ms -> 1.3 s).
+
+Each setting runs in its own subprocess, because OpenMP reads its wait policy once at start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+SETTINGS = [(1, "PASSIVE"), (1, "ACTIVE"), (2, "PASSIVE"), (2, "ACTIVE")]
+
+
+def _burn(stop: mp.Event) -> None:  # type: ignore[valid-type]
+    """A competing CPU-bound process: a pure Python loop, until told to stop."""
+    x = 0
+    while not stop.is_set():  # bounded by the parent, which sets stop after one measurement
+        for i in range(100_000):
+            x ^= i
+
+
+def _measure(threads: int, concurrent: int, new_tokens: int) -> float:
+    """ms per decode step of `concurrent` greedy requests (runs in a fresh subprocess)."""
+    import asyncio
+
+    from relayrl.engine.local import LocalEngine
+    from relayrl.models import DEFAULT_MODEL, model_path
+    from relayrl.types import GenerateRequest, SamplingParams
+
+    async def run() -> float:
+        engine = LocalEngine(model_path(DEFAULT_MODEL), num_threads=threads)
+        params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0)
+        prompt = list(range(100, 140))
+        await engine.generate(GenerateRequest(prompt, SamplingParams(max_new_tokens=4)))
+        start = time.perf_counter()
+        await asyncio.gather(*(engine.generate(GenerateRequest(prompt, params))
+                               for _ in range(concurrent)))
+        elapsed = time.perf_counter() - start
+        await engine.aclose()
+        return 1000 * elapsed / new_tokens
+
+    return asyncio.run(run())
+
+
+def _child(args: argparse.Namespace) -> None:
+    print(json.dumps({"ms_per_step": _measure(args.threads, args.concurrent, args.new_tokens)}))
+
+
+def _run_setting(threads: int, policy: str, args: argparse.Namespace, compete: bool) -> float:
+    stop = mp.Event()
+    burner = mp.Process(target=_burn, args=(stop,), daemon=True) if compete else None
+    if burner is not None:
+        burner.start()
+    try:
+        env = {**os.environ, "OMP_WAIT_POLICY": policy}
+        out = subprocess.run([sys.executable, __file__, "--child", "--threads", str(threads),
+                              "--concurrent", str(args.concurrent),
+                              "--new-tokens", str(args.new_tokens)],
+                             capture_output=True, text=True, env=env, timeout=900, check=True)
+        return float(json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"])
+    finally:
+        stop.set()
+        if burner is not None:
+            burner.join(10)
+
+
+def main() -> None:
+    """Interleaved rounds over the settings; prints one table row per setting."""
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--concurrent", type=int, default=8)
+    p.add_argument("--new-tokens", type=int, default=48)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--child", action="store_true")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    if args.child:
+        _child(args)
+        return
+    alone: dict[tuple[int, str], list[float]] = {s: [] for s in SETTINGS}
+    loaded: dict[tuple[int, str], list[float]] = {s: [] for s in SETTINGS}
+    for r in range(args.rounds):  # interleaved: every setting once per round
+        for s in SETTINGS:
+            load = os.getloadavg()[0]
+            alone[s].append(_run_setting(*s, args, compete=False))
+            loaded[s].append(_run_setting(*s, args, compete=True))
+            print(f"round {r} threads={s[0]} OMP_WAIT_POLICY={s[1]} load={load:.2f}: "
+                  f"alone {alone[s][-1]:.1f} ms/step, with a competitor {loaded[s][-1]:.1f}",
+                  flush=True)
+    print(f"\n{args.concurrent} concurrent x {args.new_tokens} tokens, median of {args.rounds}")
+    print("| torch threads | OMP_WAIT_POLICY | alone ms/step | with 1 competitor | slowdown |")
+    print("| ---: | --- | ---: | ---: | ---: |")
+    for s in SETTINGS:
+        a, c = statistics.median(alone[s]), statistics.median(loaded[s])
+        print(f"| {s[0]} | {s[1]} | {a:.1f} | {c:.1f} | {c / a:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
