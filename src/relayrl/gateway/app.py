@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 from relayrl.chat import wire_anthropic, wire_openai_chat, wire_openai_responses
 from relayrl.chat.completion import CompletionRequest
 from relayrl.errors import InvalidRequest, PayloadTooLarge, RelayError, SessionClosed
-from relayrl.gateway import routes_rl
+from relayrl.gateway import rollout_callback, routes_rl
 from relayrl.gateway.auth import calling_session
 from relayrl.gateway.core import (
     GatewayDeps,
@@ -88,6 +88,9 @@ async def serve_completion(request: Request, wire: WireFormat, session_id: str |
     body = await read_json(request)
     session = calling_session(deps, request, session_id)
     req = _parse(deps, wire, body)
+    callback = rollout_callback.from_body(body) if wire is OPENAI_CHAT else None
+    if callback is not None:  # the remote rollout protocol (seed 002)
+        rollout_callback.check_request(callback, session, req.stream)
     if session is not None:
         session_open(deps, session)
     if req.n > deps.config.max_n:
@@ -96,7 +99,10 @@ async def serve_completion(request: Request, wire: WireFormat, session_id: str |
         completion = await _unless_client_leaves(request, complete(deps, session, req))
         if completion is None:
             return Response(status_code=499)  # nobody is listening; nothing was recorded
-        return JSONResponse(wire.module.render_completion(completion, req))
+        payload = wire.module.render_completion(completion, req)
+        if callback is not None and session is not None:
+            rollout_callback.apply(session, completion, callback, payload)
+        return JSONResponse(payload)
     call = prepare(deps, session, req)
     return EventStream(_sse(deps, wire, session, call), media_type="text/event-stream",
                        headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
