@@ -61,6 +61,7 @@ class RemoteRolloutConfig:
     max_tokens_total: int = 4096
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields
     tokenizer_name: str | None = None  # what the server renders with (its default if None)
+    tools: list[dict[str, Any]] | None = None  # tools offered to the model (None: the server's)
     callback_base_url: str | None = None  # gateway root as the server reaches it (default: ours)
     system_prompt: str | None = None   # prepended when the data item has no system message
     export_style: str = "concat"
@@ -171,6 +172,7 @@ class RemoteRolloutWorkflow(RolloutWorkflow):
             sampling_params=SamplingParams.model_validate(c.sampling),
             max_turns=int(data.get("max_turns", c.max_turns)),
             max_tokens_total=c.max_tokens_total, tokenizer_name=c.tokenizer_name,
+            tools=None if c.tools is None else [ToolDefinition.model_validate(t) for t in c.tools],
             metadata={k: v for k, v in data.items() if k not in ("messages", "prompt")
                       and isinstance(v, str | int | float | bool)})
 
