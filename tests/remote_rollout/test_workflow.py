@@ -136,3 +136,14 @@ def test_build_from_config_section() -> None:
         build_remote_workflow({}, client)
     with pytest.raises(ConfigError, match="on_mask_mismatch"):
         RemoteRolloutConfig(on_mask_mismatch="ignore")
+
+
+def test_resolve_workflow_remote() -> None:
+    from relayrl.workflow import GroupedWorkflow, resolve_workflow
+
+    client = SessionClient("http://127.0.0.1:9")
+    wf = resolve_workflow("remote", {"server_url": "http://127.0.0.1:9000"}, group_size=4,
+                          gateway=client)
+    assert isinstance(wf, GroupedWorkflow) and isinstance(wf.workflow, RemoteRolloutWorkflow)
+    with pytest.raises(ConfigError, match="needs a gateway"):
+        resolve_workflow("remote", {"server_url": "http://127.0.0.1:9000"})

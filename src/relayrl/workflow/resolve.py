@@ -1,10 +1,12 @@
 """`resolve_workflow`: whatever the user passed, as one `RolloutWorkflow`.
 
-Accepted, in this order: a `RolloutWorkflow` instance; a `RolloutWorkflow` subclass (built with
-`kwargs`); a dotted path `"package.module.Name"` (or `"package.module:Name"`) naming either of
-those or an agent; an agent (any object or class with `run`), wrapped in `AgentWorkflow`. With
-`group_size > 1` the result is wrapped in `GroupedWorkflow`. Anything else is refused with a
-message that lists what would have been accepted.
+Accepted, in this order: `"remote"` (a `RemoteRolloutWorkflow` for an external rollout server,
+built from `kwargs`, which name its `server_url`); a `RolloutWorkflow` instance; a
+`RolloutWorkflow` subclass (built with `kwargs`); a dotted path `"package.module.Name"` (or
+`"package.module:Name"`) naming either of those or an agent; an agent (any object or class with
+`run`), wrapped in `AgentWorkflow`. With `group_size > 1` the result is wrapped in
+`GroupedWorkflow`. Anything else is refused with a message that lists what would have been
+accepted.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from relayrl.workflow.agent import AgentConfig, AgentWorkflow, has_run
 from relayrl.workflow.base import RolloutWorkflow
 from relayrl.workflow.grouped import GroupedWorkflow
 
+REMOTE = "remote"
+"""The workflow name of a remote rollout server; its options come as the workflow kwargs."""
 EXPECTED = ("a RolloutWorkflow instance, a RolloutWorkflow subclass (with kwargs), a dotted "
             "path 'module.Name', or an agent: an object or class with "
             "`async def run(data, **extra_kwargs)`")
@@ -29,13 +33,26 @@ def resolve_workflow(workflow: Any, kwargs: dict[str, Any] | None = None, group_
     """`workflow` as a RolloutWorkflow; agents need `gateway` (a SessionClient) to run against."""
     if group_size < 1:
         raise ConfigError(f"group_size must be >= 1, got {group_size}")
-    resolved = _resolve(workflow, dict(kwargs or {}), gateway, agent_config, depth=0)
+    if workflow == REMOTE:
+        resolved = _remote(dict(kwargs or {}), gateway)
+    else:
+        resolved = _resolve(workflow, dict(kwargs or {}), gateway, agent_config, depth=0)
     if group_size > 1 and not isinstance(resolved, GroupedWorkflow):
         resolved = GroupedWorkflow(resolved, group_size)
     elif isinstance(resolved, GroupedWorkflow) and resolved.group_size != group_size:
         raise ConfigError(f"the workflow is grouped by {resolved.group_size}, but "
                           f"group_size={group_size} was asked for")
     return resolved
+
+
+def _remote(kwargs: dict[str, Any], gateway: SessionClient | None) -> RolloutWorkflow:
+    """`workflow: remote`: episodes run by an external rollout server (seed 002)."""
+    if gateway is None:
+        raise ConfigError("workflow 'remote' needs a gateway for the server to call back: "
+                          "pass gateway=SessionClient(...)")
+    from relayrl.remote_rollout.workflow import build_remote_workflow  # imports this module
+
+    return build_remote_workflow(kwargs, gateway)
 
 
 def _resolve(obj: Any, kwargs: dict[str, Any], gateway: SessionClient | None,
