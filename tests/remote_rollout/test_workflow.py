@@ -147,3 +147,14 @@ def test_resolve_workflow_remote() -> None:
     assert isinstance(wf, GroupedWorkflow) and isinstance(wf.workflow, RemoteRolloutWorkflow)
     with pytest.raises(ConfigError, match="needs a gateway"):
         resolve_workflow("remote", {"server_url": "http://127.0.0.1:9000"})
+
+
+def test_command_line_text_is_coerced() -> None:
+    from relayrl.config import parse_override
+
+    _, text = parse_override("x=24")
+    _, flag = parse_override("x=keep")
+    c = RemoteRolloutConfig.from_mapping({"sampling": {"max_tokens": text}, "max_turns": text,
+                                          "rollout_timeout_s": text, "on_mask_mismatch": flag})
+    assert c.max_turns == 24 and c.rollout_timeout_s == 24.0 and c.on_mask_mismatch == "keep"
+    assert c.sampling == {"max_tokens": 24}

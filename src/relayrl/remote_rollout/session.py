@@ -55,6 +55,7 @@ class RolloutSession:
         self.llm_latency_s = 0.0
         self.masks: list[list[int] | None] = []
         """Every response_mask sent, in call order (for tests and debugging)."""
+        self._rendered: tuple[int, int] | None = None
 
     @property
     def completions_url(self) -> str:
@@ -63,9 +64,15 @@ class RolloutSession:
 
     def prompt_length(self) -> int:
         """Tokens of the current conversation rendered with the generation prompt."""
-        return len(self.tokenizer.apply_chat_template(
+        # the agent loop asks twice per turn (budget, then mask); messages are only appended
+        n = len(self.messages)
+        if self._rendered is not None and self._rendered[0] == n:
+            return self._rendered[1]
+        length = len(self.tokenizer.apply_chat_template(
             [m.to_wire() for m in self.messages],
             [t.model_dump() for t in self.tools] or None, add_generation_prompt=True))
+        self._rendered = (n, length)
+        return length
 
     def next_mask(self) -> tuple[list[int] | None, int]:
         """The response_mask for the next call, and the prompt length it was computed from."""

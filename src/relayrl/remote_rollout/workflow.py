@@ -92,7 +92,33 @@ class RemoteRolloutConfig:
         unknown = sorted(set(options) - known)
         if unknown:
             raise ConfigError(f"unknown remote rollout options {unknown}; known: {sorted(known)}")
-        return cls(**dict(options))
+        defaults = cls()
+        values = {k: _coerce(v, getattr(defaults, k)) for k, v in options.items()}
+        return cls(**values)
+
+
+def _coerce(value: Any, default: Any) -> Any:
+    """Command-line overrides arrive as text: give numbers and booleans their field's type."""
+    raw = getattr(value, "text", None)
+    if type(value).__name__ == "_CliText" and isinstance(raw, str):
+        # relayrl.config leaves an override's text unparsed inside untyped (dict) fields
+        import yaml
+
+        value = yaml.safe_load(raw) if raw else raw
+    if isinstance(value, Mapping):
+        return {str(k).encode().decode(): _coerce(v, None) for k, v in value.items()}
+    if not isinstance(value, str):
+        return value
+    text = value.encode().decode()  # a plain str: pydantic refuses the CLI's str subclass
+    if isinstance(default, bool):
+        return text.strip().lower() in ("1", "true", "yes", "on")
+    for kind in (int, float):
+        if isinstance(default, kind):
+            try:
+                return kind(text)
+            except ValueError:
+                raise ConfigError(f"expected a {kind.__name__}, got {text!r}") from None
+    return text
 
 
 def callback_port(base_port: int, worker_index: int, num_workers: int) -> int:
