@@ -27,6 +27,8 @@ TORCH_FREE = [
     "relayrl.gateway.server",
     "relayrl.client",
     "relayrl.workflow",
+    "relayrl.rollout",
+    "relayrl.remote_rollout",
 ]
 
 PACKAGES = [

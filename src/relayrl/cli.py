@@ -81,6 +81,13 @@ def _cmd_serve_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rollout_server(args: argparse.Namespace) -> int:
+    from relayrl.remote_rollout.cli import main as rollout_server_main
+
+    rest = args.args[1:] if args.args[:1] == ["--"] else args.args
+    return int(rollout_server_main(rest))
+
+
 def _cmd_chat(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -142,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--admin-key", default=None, help="required off loopback")
     sm.set_defaults(func=_cmd_serve_model)
 
+    rs = sub.add_parser("rollout-server", add_help=False,
+                        help="the reference remote rollout server (seed 002): POST /rollout, "
+                        "GET /tools; `relayrl rollout-server --help` lists its flags")
+    rs.add_argument("args", nargs=argparse.REMAINDER)
+    rs.set_defaults(func=_cmd_rollout_server)
+
     ch = sub.add_parser("chat", help="answer a prompt with a trained checkpoint")
     ch.add_argument("prompt")
     ch.add_argument("--checkpoint", default=None, help="a checkpoint (HF) directory")
@@ -157,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `relayrl` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["rollout-server"]:  # its own parser: flags pass through untouched
+        argv = ["rollout-server", "--", *argv[1:]]
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from relayrl.chat.completion import CompletionRequest
 from relayrl.errors import InvalidRequest, RelayError, SessionClosed
-from relayrl.gateway import routes_rl, routes_rl_v1
+from relayrl.gateway import rollout_callback, routes_rl, routes_rl_v1
 from relayrl.gateway.auth import calling_session
 from relayrl.gateway.bodies import read_json
 from relayrl.gateway.core import (
@@ -63,6 +63,9 @@ async def serve_completion(request: Request, wire: Wire, session_id: str | None)
     body = await read_json(request)
     session = calling_session(deps, request, session_id)
     req = _parse(deps, wire, body)
+    callback = rollout_callback.from_body(body) if wire is OPENAI_CHAT else None
+    if callback is not None:  # the remote rollout protocol (seed 002)
+        rollout_callback.check_request(callback, session, req.stream)
     if session is not None:
         session_open(deps, session)
     if req.n > deps.config.max_n:
@@ -71,7 +74,10 @@ async def serve_completion(request: Request, wire: Wire, session_id: str | None)
         completion = await _unless_client_leaves(request, complete(deps, session, req))
         if completion is None:
             return Response(status_code=499)  # nobody is listening; nothing was recorded
-        return JSONResponse(wire.format.render_completion(completion, req))
+        payload = wire.format.render_completion(completion, req)
+        if callback is not None and session is not None:
+            rollout_callback.apply(session, completion, callback, payload)
+        return JSONResponse(payload)
     call = prepare(deps, session, req)
     return EventStream(_sse(deps, wire, session, call), media_type="text/event-stream",
                        headers={"cache-control": "no-cache", "x-accel-buffering": "no"})

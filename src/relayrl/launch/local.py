@@ -17,9 +17,23 @@ from relayrl.client import SessionClient
 from relayrl.config import RelayConfig
 from relayrl.engine.local import LocalEngine
 from relayrl.gateway.server import GatewayThread, build_deps
+from relayrl.remote_rollout.workflow import build_remote_workflow
 from relayrl.rollout import RolloutConfig, RolloutController
 from relayrl.train.actor import Actor
-from relayrl.workflow import resolve_workflow, tokenizer_decoder
+from relayrl.workflow import AgentConfig, RolloutWorkflow, resolve_workflow, tokenizer_decoder
+
+REMOTE = "remote"
+"""`workflow: remote`: episodes run by an external rollout server (seed 002); the workflow
+kwargs name its `server_url` and options."""
+
+
+def build_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None, group_size: int,
+                   client: SessionClient, agent_config: AgentConfig) -> RolloutWorkflow:
+    """The config's `workflow` as a (grouped) RolloutWorkflow whose agents use `client`."""
+    if workflow == REMOTE:
+        workflow, workflow_kwargs = build_remote_workflow(workflow_kwargs or {}, client), None
+    return resolve_workflow(workflow, workflow_kwargs, group_size, gateway=client,
+                            agent_config=agent_config)
 
 
 @dataclass
@@ -36,8 +50,8 @@ class LocalServices:
                 dataset: Sequence[dict[str, Any]], rollout: RolloutConfig,
                 version_fn: Callable[[], int]) -> RolloutController:
         """A rollout controller running `workflow` over `dataset` against this gateway."""
-        wf = resolve_workflow(workflow, workflow_kwargs, rollout.group_size, gateway=self.client,
-                              agent_config=rollout.agent_config())
+        wf = build_workflow(workflow, workflow_kwargs, rollout.group_size, self.client,
+                            rollout.agent_config())
         decode = None
         if rollout.dump_root:  # dumps belong to this run, and are read by people: decode text
             rollout = replace(rollout, experiment=self.config.experiment_name,

@@ -21,12 +21,10 @@ their own SDKs).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import inspect
 import logging
 import math
-import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -34,7 +32,7 @@ from typing import Any
 import httpx
 
 from relayrl.client.session_client import SessionClient, SessionHandle
-from relayrl.errors import CapacityExhausted, ConfigError, InvalidRequest
+from relayrl.errors import ConfigError, InvalidRequest
 from relayrl.trajectory import (
     DEFAULT_CREDIT_RULE,
     DEFAULT_EXPORT_STYLE,
@@ -47,6 +45,7 @@ from relayrl.trajectory import (
 from relayrl.workflow.base import RolloutWorkflow
 from relayrl.workflow.context import EpisodeContext
 from relayrl.workflow.context import get as current_context
+from relayrl.workflow.sessions import discard_session, open_episode_session
 from relayrl.workflow.subproc import SubprocessPool, pickle_agent
 
 log = logging.getLogger(__name__)
@@ -160,17 +159,7 @@ class AgentWorkflow(RolloutWorkflow):
     async def _open_session(self, ctx: EpisodeContext) -> SessionHandle:
         """Wait (bounded) for capacity, then start a session tagged with the episode's ids."""
         c = self.config
-        meta = {"episode_id": ctx.episode_id, "group_id": ctx.group_id,
-                "sample_index": ctx.sample_index, "is_eval": ctx.is_eval}
-        deadline = time.monotonic() + c.capacity_wait_s
-        for _ in range(int(c.capacity_wait_s / c.capacity_poll_s) + 2):
-            if await self.client.grant_capacity() > 0:
-                with contextlib.suppress(CapacityExhausted):  # another episode took the slot
-                    return await self.client.start_session(ctx.task_id or None, meta)
-            if time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(c.capacity_poll_s)
-        raise CapacityExhausted(f"the gateway granted no capacity within {c.capacity_wait_s} s")
+        return await open_episode_session(self.client, ctx, c.capacity_wait_s, c.capacity_poll_s)
 
     async def _run_agent(self, session: SessionHandle, data: dict[str, Any]) -> Any:
         if self._pool is not None:
@@ -200,14 +189,7 @@ class AgentWorkflow(RolloutWorkflow):
         await asyncio.shield(task)
 
     async def _discard(self, session: SessionHandle) -> None:
-        # the gateway has no abort route yet: ending + acknowledging frees the session without
-        # anything being exported from it (the controller counts the episode as aborted)
-        for step in (lambda: self.client.end_session(session),
-                     lambda: self.client.ack_export(session.session_id)):
-            try:
-                await step()
-            except Exception as e:  # already closed, gateway gone: nothing more to free
-                log.debug("releasing session %s: %s", session.session_id, e)
+        await discard_session(self.client, session)
 
     async def aclose(self) -> None:
         """Wait for session releases in flight, then stop the worker processes."""

@@ -148,6 +148,9 @@ class ChatCompletionRequest(WireModel):
     web_search_options: Any = None
     top_k: int | None = None  # extension (vLLM, SGLang): -1 or 0 turns top-k off
     chat_template_kwargs: dict[str, Any] | None = None  # extension (vLLM, SGLang)
+    return_token_ids: bool | None = None  # extension (vLLM): answer with token_ids
+    rollout_id: str | None = None  # extension (remote rollout protocol, seed 002)
+    response_mask: list[int] | None = None  # extension (remote rollout protocol): checked
 
 
 __all__ = [

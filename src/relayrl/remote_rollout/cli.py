@@ -1,0 +1,86 @@
+"""`relayrl rollout-server`: run the reference rollout server (calculator agent) with uvicorn.
+
+Flags override the environment (ROLLOUT_SERVER_PORT, HTTP_CLIENT_TIMEOUT,
+TOKENIZER_TRUST_REMOTE_CODE, TOKENIZER_CACHE_SIZE, MAX_CONCURRENT_ROLLOUTS, ...), which overrides
+the defaults. Imports this package, argparse and uvicorn only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import sys
+from collections.abc import Sequence
+
+from relayrl.remote_rollout.config import ServerConfig
+
+
+def build_parser(prog: str = "relayrl rollout-server") -> argparse.ArgumentParser:
+    """The command's flags (every one defaults to the environment's value)."""
+    p = argparse.ArgumentParser(prog=prog, description="Serve the remote rollout protocol "
+                                "(GET /tools, POST /rollout, GET /health) with the calculator agent.")
+    p.add_argument("--host", help="bind address (ROLLOUT_SERVER_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (ROLLOUT_SERVER_PORT, default 9000)")
+    p.add_argument("--http-client-timeout", type=float,
+                   help="seconds per trainer callback (HTTP_CLIENT_TIMEOUT, default 300)")
+    trc = p.add_mutually_exclusive_group()
+    trc.add_argument("--tokenizer-trust-remote-code", dest="trust", action="store_true",
+                     default=None, help="let the transformers backend run a tokenizer's own "
+                     "code (TOKENIZER_TRUST_REMOTE_CODE, default false)")
+    trc.add_argument("--no-tokenizer-trust-remote-code", dest="trust", action="store_false")
+    p.add_argument("--tokenizer-cache-size", type=int, help="TOKENIZER_CACHE_SIZE (default 5)")
+    p.add_argument("--tokenizer-backend", choices=("relayrl", "transformers"),
+                   help="TOKENIZER_BACKEND (default relayrl: torch-free)")
+    p.add_argument("--tokenizer", help="default tokenizer: a packaged model name or a local "
+                   "HF folder (ROLLOUT_TOKENIZER, default smollm2-135m-instruct)")
+    p.add_argument("--max-concurrent-rollouts", type=int, help="MAX_CONCURRENT_ROLLOUTS (100)")
+    p.add_argument("--tool-delay-ms", type=float, nargs=2, metavar=("MIN", "MAX"),
+                   help="random delay per tool call (default 10 100; 0 0 turns it off)")
+    p.add_argument("--tool-seed", type=int, help="seed of the tool delays (TOOL_SEED)")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """The environment's settings with the given flags on top."""
+    delay = args.tool_delay_ms
+    return ServerConfig.from_env(
+        host=args.host, port=args.port, http_client_timeout=args.http_client_timeout,
+        tokenizer_trust_remote_code=args.trust, tokenizer_cache_size=args.tokenizer_cache_size,
+        tokenizer_backend=args.tokenizer_backend, default_tokenizer=args.tokenizer,
+        max_concurrent_rollouts=args.max_concurrent_rollouts, tool_seed=args.tool_seed,
+        tool_delay_min_s=None if delay is None else delay[0] / 1000,
+        tool_delay_max_s=None if delay is None else delay[1] / 1000)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse flags, then serve until interrupted; returns the exit code."""
+    import uvicorn
+
+    from relayrl.remote_rollout.server import create_app
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        parser.error(str(e))
+    if not _loopback(config.host):
+        print(f"warning: serving /rollout on {config.host} without authentication; the "
+              "server calls back whatever server_url a request names", file=sys.stderr)
+    print(f"relayrl rollout server listening at http://{config.host}:{config.port}", flush=True)
+    uvicorn.run(create_app(config=config), host=config.host, port=config.port,
+                log_level="warning", access_log=False)
+    return 0
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
