@@ -231,11 +231,16 @@ def test_weight_update_from_a_checkpoint_changes_outputs_and_bumps_versions(
     from safetensors.torch import load_file, save_file
 
     original = load_file(str(Path(model_dir) / "model.safetensors"))
-    changed = {k: v.clone() for k, v in original.items()}
+    # Noise of 0.2 std on every matrix, the embedding (tied to the output head) included: the
+    # greedy text changes while the model stays sane (at 1 std it turns chaotic and bf16 vs fp32
+    # diverge by nats). Values are rounded to bf16 so the server and the fp32 reference hold the
+    # same weights.
     gen = torch.Generator().manual_seed(0)
-    for k, v in changed.items():
-        if v.is_floating_point() and v.dim() == 2 and "embed" not in k:
-            v.add_(torch.randn(v.shape, generator=gen).to(v.dtype) * v.float().std().to(v.dtype))
+    changed = {}
+    for k, v in original.items():
+        if v.dim() == 2:
+            v = v + torch.randn(v.shape, generator=gen) * v.float().std() * 0.2
+        changed[k] = v.to(torch.bfloat16).to(torch.float32)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     save_file(changed, str(ckpt / "model.safetensors"))
