@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from relayrl.engine.vllm import VLLMEngine
-from relayrl.engine.vllm_server import VLLMServer, default_venv, start_vllm_server
+from relayrl.engine.vllm_server import VLLMServer, start_vllm_server, venv_python
 from relayrl.errors import EngineError, InvalidRequest
 from relayrl.types import FinishReason, GenerateRequest, SamplingParams
 
@@ -42,13 +42,13 @@ def server(model_dir: str) -> Iterator[str]:
         yield url.rstrip("/")
         return
     try:
+        venv_python()
+    except EngineError as e:
+        pytest.fail(f"{e}; CI runs scripts/install_vllm.sh before these tests", pytrace=False)
+    try:
         started: VLLMServer = start_vllm_server(model_dir)
     except EngineError as e:
-        pytest.fail(
-            f"cannot start a vLLM server ({e}); the vLLM tests need the venv that "
-            f"scripts/install_vllm.sh makes (looked in {default_venv()})",
-            pytrace=False,
-        )
+        pytest.fail(f"cannot start a vLLM server: {e}", pytrace=False)
     print(f"vLLM server healthy after {started.startup_s:.0f}s")
     yield started.url
     started.stop()

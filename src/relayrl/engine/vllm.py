@@ -46,7 +46,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -55,12 +54,12 @@ from typing import Any
 import httpx
 
 from relayrl.engine.base import validate_request
+from relayrl.engine.remote import LoopClients, elapsed_timings, save_state_dir, vocab_size_at
 from relayrl.errors import ContextLengthExceeded, EngineError, InvalidRequest
 from relayrl.types import (
     FinishReason,
     GenerateOutput,
     GenerateRequest,
-    Timings,
     TokenChunk,
     TopLogprob,
 )
@@ -68,8 +67,6 @@ from relayrl.types import (
 log = logging.getLogger(__name__)
 
 _TOKEN_PREFIX = "token_id:"
-_UNKNOWN_VOCAB = 1 << 31
-"""Vocabulary size used for validation when neither the server nor a local config names one."""
 
 
 class VLLMEngine:
@@ -108,10 +105,10 @@ class VLLMEngine:
         if not limits:
             raise EngineError(f"vLLM at {self.url} names no max_model_len: pass context_length")
         self._context_length = min(limits)
-        self.vocab_size = _vocab_size(model_path or card.get("root"))
+        self.vocab_size = vocab_size_at(model_path or card.get("root"))
         self._version = 0
         self._update_lock = asyncio.Lock()
-        self._clients: dict[int, httpx.AsyncClient] = {}
+        self._clients = LoopClients(self._timeout, self._headers)
         self._closed = False
         self._warned_truncation = False
 
@@ -175,7 +172,7 @@ class VLLMEngine:
             return await self._reload(folder, version)
         if not weights:
             raise InvalidRequest("the state dict is empty")
-        tmp = await asyncio.to_thread(_save_state, weights)
+        tmp = await asyncio.to_thread(save_state_dir, weights)
         try:
             return await self._reload(tmp, version)
         finally:
@@ -184,11 +181,7 @@ class VLLMEngine:
     async def aclose(self) -> None:
         """Stop using the server (it keeps running: it is not ours to stop)."""
         self._closed = True
-        clients, self._clients = self._clients, {}
-        # Only this loop's client can be closed from here; the others die with their loops.
-        mine = clients.get(id(asyncio.get_running_loop()))
-        if mine is not None:
-            await mine.aclose()
+        await self._clients.aclose()
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -210,14 +203,7 @@ class VLLMEngine:
         raise EngineError(f"vLLM at {self.url} does not serve {model!r}")
 
     def _client(self) -> httpx.AsyncClient:
-        # One client per event loop: an httpx client's connections belong to the loop that made
-        # them, and callers (tests, the trainer's threads) may drive the engine from several.
-        loop = asyncio.get_running_loop()
-        client = self._clients.get(id(loop))
-        if client is None or client.is_closed:
-            client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
-            self._clients[id(loop)] = client
-        return client
+        return self._clients.get()
 
     def _body(self, request: GenerateRequest) -> dict[str, Any]:
         p = request.params
@@ -277,7 +263,7 @@ class VLLMEngine:
                         top_logprobs=tops,
                         finish_reason=finish,
                         stop_string=stop_string,
-                        timings=_timings(start, first) if finish is not None else None,
+                        timings=elapsed_timings(start, first) if finish is not None else None,
                     )
                     if finish is not None:
                         return
@@ -285,7 +271,7 @@ class VLLMEngine:
             raise EngineError(f"vLLM at {self.url} failed mid-request: {e!r}") from e
         # The stream ended with no finish reason: the server aborted it (or went away).
         yield TokenChunk(
-            [], [], [], finish_reason=FinishReason.ABORT, timings=_timings(start, first)
+            [], [], [], finish_reason=FinishReason.ABORT, timings=elapsed_timings(start, first)
         )
 
     async def _reload(self, folder: str, version: int | None) -> int:
@@ -431,32 +417,3 @@ def _http_error(resp: httpx.Response, path: str = "/v1/completions") -> Exceptio
             "started with VLLM_SERVER_DEV_MODE=1"
         )
     return EngineError(f"vLLM answered {resp.status_code} on {path}: {message}")
-
-
-def _timings(start: float, first: float | None) -> Timings:
-    now = time.perf_counter()
-    return Timings(queued_s=0.0, first_token_s=(first or now) - start, total_s=now - start)
-
-
-def _vocab_size(path: str | None) -> int:
-    """The vocabulary size in `path`/config.json, when that directory is on this machine."""
-    if not path:
-        return _UNKNOWN_VOCAB
-    config = Path(path) / "config.json"
-    try:
-        size = json.loads(config.read_text()).get("vocab_size")
-    except (OSError, json.JSONDecodeError):
-        return _UNKNOWN_VOCAB
-    return int(size) if isinstance(size, int) and size > 0 else _UNKNOWN_VOCAB
-
-
-def _save_state(weights: Mapping[str, Any]) -> str:
-    """Write a state dict as model.safetensors in a new temporary directory; return its path."""
-    # Imported here: only a caller that holds tensors (a trainer, with torch) gets this far.
-    from safetensors.torch import save_file
-
-    folder = tempfile.mkdtemp(prefix="relayrl-vllm-weights-")
-    # Cloned: tied weights share storage, which safetensors refuses to save.
-    tensors = {k: v.detach().cpu().clone().contiguous() for k, v in weights.items()}
-    save_file(tensors, str(Path(folder) / "model.safetensors"))
-    return folder

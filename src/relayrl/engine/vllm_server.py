@@ -101,7 +101,7 @@ def start_vllm_server(
     host: str = "127.0.0.1",
     dtype: str = "bfloat16",
     max_model_len: int = 2048,
-    kv_cache_gb: float = 1.0,
+    kv_cache_gb: int = 1,
     extra_args: list[str] | None = None,
     log_path: str | os.PathLike[str] | None = None,
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
@@ -129,7 +129,7 @@ def start_vllm_server(
     env.update(
         {
             "VLLM_SERVER_DEV_MODE": "1",
-            "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gb),
+            "VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gb)),  # vLLM parses an int (GiB)
             "HF_HUB_OFFLINE": "1",  # never reach for a hub: the model is a local directory
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
