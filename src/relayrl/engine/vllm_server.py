@@ -102,14 +102,16 @@ def start_vllm_server(
     dtype: str = "bfloat16",
     max_model_len: int = 2048,
     kv_cache_gb: int = 1,
+    logprobs_mode: str = "processed_logprobs",
     extra_args: list[str] | None = None,
     log_path: str | os.PathLike[str] | None = None,
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
 ) -> VLLMServer:
     """Start `vllm.entrypoints.openai.api_server` on `model` (a local HF dir) and wait for /health.
 
-    Raises `EngineError` with the log's tail when the process exits or is not healthy within
-    `startup_timeout_s`. The process gets its own process group, so `stop` ends its workers too.
+    `logprobs_mode` "processed_logprobs" gives relayrl's temperature-scaled logprobs (see
+    `relayrl.engine.vllm`); "raw_logprobs" gives temperature-1 ones. Raises `EngineError` with the
+    log's tail when the process exits or is not healthy within `startup_timeout_s`. The process gets its own process group, so `stop` ends its workers too.
     """
     python = venv_python(venv)
     if not Path(model).is_dir():
@@ -122,7 +124,7 @@ def start_vllm_server(
         "--port", str(port),
         "--dtype", dtype,
         "--max-model-len", str(max_model_len),
-        "--logprobs-mode", "processed_logprobs",
+        "--logprobs-mode", logprobs_mode,
         *(extra_args or []),
     ]  # fmt: skip
     env = dict(os.environ)
