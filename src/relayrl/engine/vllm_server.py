@@ -103,6 +103,7 @@ def start_vllm_server(
     max_model_len: int = 2048,
     kv_cache_gb: int = 1,
     logprobs_mode: str = "processed_logprobs",
+    enforce_eager: bool = False,
     extra_args: list[str] | None = None,
     log_path: str | os.PathLike[str] | None = None,
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
@@ -111,7 +112,10 @@ def start_vllm_server(
 
     `logprobs_mode` "processed_logprobs" gives relayrl's temperature-scaled logprobs (see
     `relayrl.engine.vllm`); "raw_logprobs" gives temperature-1 ones. Raises `EngineError` with the
-    log's tail when the process exits or is not healthy within `startup_timeout_s`. The process gets its own process group, so `stop` ends its workers too.
+    log's tail when the process exits or is not healthy within `startup_timeout_s`.
+    `enforce_eager` skips vLLM's torch.compile warm-up (vLLM sets compilation mode NONE), which
+    dominates startup on a small CPU machine, at some cost in decode speed. The process gets its
+    own process group, so `stop` ends its workers too.
     """
     python = venv_python(venv)
     if not Path(model).is_dir():
@@ -125,6 +129,7 @@ def start_vllm_server(
         "--dtype", dtype,
         "--max-model-len", str(max_model_len),
         "--logprobs-mode", logprobs_mode,
+        *(["--enforce-eager"] if enforce_eager else []),
         *(extra_args or []),
     ]  # fmt: skip
     env = dict(os.environ)
