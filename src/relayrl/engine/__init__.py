@@ -2,7 +2,8 @@
 
 `LocalEngine` needs torch and transformers, so it is imported lazily (on first use of the name or
 through `load_engine("local", ...)`): importing this package, as the gateway does, pulls in
-neither. `FakeEngine` needs only the `tokenizers` package.
+neither. `FakeEngine` needs only the `tokenizers` package; `VLLMEngine` (a vLLM server over HTTP)
+only httpx.
 """
 
 from __future__ import annotations
@@ -11,21 +12,30 @@ from typing import TYPE_CHECKING, Any
 
 from relayrl.engine.base import InferenceEngine, validate_request
 from relayrl.engine.fake import FakeEngine
+from relayrl.engine.vllm import VLLMEngine
 from relayrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from relayrl.engine.local import LocalEngine
 
-__all__ = ["FakeEngine", "InferenceEngine", "LocalEngine", "load_engine", "validate_request"]
+__all__ = [
+    "FakeEngine",
+    "InferenceEngine",
+    "LocalEngine",
+    "VLLMEngine",
+    "load_engine",
+    "validate_request",
+]
 
-ENGINE_KINDS = ("local", "fake")
+ENGINE_KINDS = ("local", "fake", "vllm")
 
 
 def load_engine(kind: str, model_path: str, **kw: Any) -> InferenceEngine:
-    """An engine of `kind` ("local" or "fake") serving the model at `model_path`.
+    """An engine of `kind` ("local", "fake" or "vllm") serving the model at `model_path`.
 
     For "fake", `model_path` names the folder whose tokenizer.json the fake encodes with
-    (empty: byte-level ids); the other keyword arguments go to the engine's constructor.
+    (empty: byte-level ids); for "vllm", `url=` names the running server and `model_path` gives
+    the vocabulary for validation. Other keyword arguments go to the engine's constructor.
     """
     if kind == "local":
         from relayrl.engine.local import LocalEngine
@@ -34,6 +44,12 @@ def load_engine(kind: str, model_path: str, **kw: Any) -> InferenceEngine:
     if kind == "fake":
         kw.setdefault("tokenizer_path", model_path or None)
         return FakeEngine(**kw)
+    if kind == "vllm":
+        url = kw.pop("url", None)
+        if not url:
+            raise ConfigError("engine 'vllm' needs the server's url (engine_url / --engine-url)")
+        kw.setdefault("model_path", model_path or None)
+        return VLLMEngine(url, **kw)
     raise ConfigError(f"unknown engine kind {kind!r}; expected one of {ENGINE_KINDS}")
 
 

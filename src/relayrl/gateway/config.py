@@ -10,7 +10,8 @@ class GatewayConfig:
     """How to run a gateway."""
 
     model: str = "smollm2-135m-instruct"  # packaged name, local HF dir or hub id
-    engine: str = "local"                 # "local" (in-process model) or "fake" (scripted, for tests)
+    engine: str = "local"                 # "local" (in-process model), "vllm" (a server) or "fake" (scripted, for tests)
+    engine_url: str | None = None         # the vLLM server's root URL when engine is "vllm"
     host: str = "127.0.0.1"
     port: int = 8000
     admin_key: str | None = None          # required to bind off loopback
