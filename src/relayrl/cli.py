@@ -35,6 +35,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     config = GatewayConfig(
         model=args.model,
         engine=args.engine,
+        engine_url=args.engine_url,
         host=args.host,
         port=args.port,
         admin_key=args.admin_key,
@@ -81,6 +82,23 @@ def _cmd_serve_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_engine(args: argparse.Namespace) -> int:
+    import signal
+
+    from relayrl.engine.vllm_server import start_vllm_server
+    from relayrl.models import model_path
+
+    server = start_vllm_server(model_path(args.model), port=args.port, venv=args.venv,
+                               host=args.host)
+    print(f"relayrl engine vllm listening at {server.url} (ready after {server.startup_s:.0f} s)",
+          flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    try:
+        return int(server.process.wait() or 0)
+    finally:
+        server.stop()
+
+
 def _cmd_rollout_server(args: argparse.Namespace) -> int:
     from relayrl.remote_rollout.cli import main as rollout_server_main
 
@@ -112,7 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     gw = sub.add_parser("gateway", help="serve the policy over OpenAI/Anthropic APIs and record every call")
     gw.add_argument("--model", default="smollm2-135m-instruct", help="packaged name, HF dir or hub id")
-    gw.add_argument("--engine", choices=["local", "fake"], default="local")
+    gw.add_argument("--engine", choices=["local", "fake", "vllm", "sglang"], default="local",
+                    help="local: the model in this process; vllm/sglang: a server at --engine-url")
+    gw.add_argument("--engine-url", default=None, help="root URL of a vLLM or SGLang server")
     gw.add_argument("--host", default="127.0.0.1")
     gw.add_argument("--port", type=int, default=8000)
     gw.add_argument("--admin-key", default=None, help="key for admin routes (required off loopback)")
@@ -148,6 +168,15 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--port", type=int, default=8000)
     sm.add_argument("--admin-key", default=None, help="required off loopback")
     sm.set_defaults(func=_cmd_serve_model)
+
+    en = sub.add_parser("engine", help="start a managed inference server (vLLM, from the venv "
+                        "scripts/install_vllm.sh makes) and wait until it is healthy")
+    en.add_argument("kind", choices=["vllm"])
+    en.add_argument("--model", default="smollm2-135m-instruct", help="packaged name, HF dir or hub id")
+    en.add_argument("--host", default="127.0.0.1")
+    en.add_argument("--port", type=int, default=None, help="default: a free port")
+    en.add_argument("--venv", default=None, help="vLLM's venv (default: .venv-vllm or $RELAYRL_VLLM_VENV)")
+    en.set_defaults(func=_cmd_engine)
 
     rs = sub.add_parser("rollout-server", add_help=False,
                         help="the reference remote rollout server (seed 002): POST /rollout, "

@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from relayrl.engine.config import EngineConfig
 from relayrl.errors import ConfigError
 from relayrl.gateway.config import GatewayConfig
 from relayrl.rollout.config import RolloutConfig
@@ -49,6 +50,7 @@ class RelayConfig:
     workflow: str | None = None               # agent or workflow to train, e.g. "my_agent.MathAgent"
     workflow_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the agent's constructor
     data: DataConfig = field(default_factory=DataConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

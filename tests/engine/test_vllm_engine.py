@@ -338,3 +338,46 @@ def _running(url: str) -> float:
         if line.startswith("vllm:num_requests_running"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+class _ShortAnswers:
+    """An agent for the training run: one call, a reward that varies within a group."""
+
+    async def run(self, data, *, base_url, api_key, http_client=None, **kw):
+        import openai
+
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http_client)
+        reply = await client.chat.completions.create(
+            model="policy", max_tokens=8, temperature=1.0,
+            messages=[{"role": "user", "content": data["q"]}])
+        return float(len(reply.choices[0].message.content or "") % 2)
+
+
+def test_two_training_steps_with_engine_vllm(server: str, model_dir: str, prompt_ids,
+                                             tmp_path) -> None:
+    """`engine: {kind: vllm, url}`: the trainer samples from vLLM and pushes its weights there."""
+    from relayrl.config import RelayConfig
+    from relayrl.engine.config import EngineConfig
+    from relayrl.launch import train
+    from relayrl.rollout import RolloutConfig
+    from relayrl.train.config import TrainConfig
+
+    cfg = RelayConfig(
+        model=model_dir, fileroot=str(tmp_path), experiment_name="vllm", trial_name="t",
+        engine=EngineConfig(kind="vllm", url=server),
+        rollout=RolloutConfig(group_size=4, batch_size=1, max_concurrent_rollouts=8,
+                              progress=False, episode_timeout_s=300.0),
+        train=TrainConfig(total_steps=2, lr=1e-4, checkpoint_every=0, save_optimizer=False,
+                          drop_uniform_groups=False))
+    result = train(cfg, [{"q": "Name a color."}, {"q": "Name a fruit."}],
+                   workflow=_ShortAnswers())
+    assert result.steps == 2 and result.checkpoint is not None
+    lines = (cfg.log_dir / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(x) for x in lines if '"step_s"' in x]
+    assert [m["step"] for m in steps] == [1, 2] and all("loss" in m for m in steps)
+    # The server now serves the trained weights: its logprobs are the checkpoint's, not the base's.
+    after = run(VLLMEngine(server, model_path=model_dir).generate(greedy(prompt_ids, 12)))
+    trained = hf_logprobs(str(result.checkpoint), prompt_ids, after.output_ids, 0.0)
+    base = hf_logprobs(model_dir, prompt_ids, after.output_ids, 0.0)
+    assert_close_logprobs(after.logprobs, trained)
+    assert max(abs(a - b) for a, b in zip(trained, base, strict=True)) > 1e-3  # it did train

@@ -27,11 +27,11 @@ __all__ = [
     "validate_request",
 ]
 
-ENGINE_KINDS = ("local", "fake", "vllm")
+ENGINE_KINDS = ("local", "fake", "vllm", "sglang")
 
 
 def load_engine(kind: str, model_path: str, **kw: Any) -> InferenceEngine:
-    """An engine of `kind` ("local", "fake" or "vllm") serving the model at `model_path`.
+    """An engine of `kind` ("local", "fake", "vllm" or "sglang") serving the model at `model_path`.
 
     For "fake", `model_path` names the folder whose tokenizer.json the fake encodes with
     (empty: byte-level ids); for "vllm", `url=` names the running server and `model_path` gives
@@ -50,6 +50,14 @@ def load_engine(kind: str, model_path: str, **kw: Any) -> InferenceEngine:
             raise ConfigError("engine 'vllm' needs the server's url (engine_url / --engine-url)")
         kw.setdefault("model_path", model_path or None)
         return VLLMEngine(url, **kw)
+    if kind == "sglang":
+        from relayrl.engine.sglang import SGLangEngine
+
+        url = kw.pop("url", None)
+        if not url:
+            raise ConfigError("engine 'sglang' needs the server's url (engine_url / --engine-url)")
+        kw.setdefault("model_path", model_path or None)
+        return SGLangEngine(url, **kw)
     raise ConfigError(f"unknown engine kind {kind!r}; expected one of {ENGINE_KINDS}")
 
 

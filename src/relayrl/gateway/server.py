@@ -42,7 +42,7 @@ def build_deps(config: GatewayConfig, engine=None) -> GatewayDeps:
     path = model_path(config.model)
     renderer = Renderer.from_pretrained(path)
     if engine is None:
-        extra = {"url": config.engine_url} if config.engine == "vllm" else {}
+        extra = {"url": config.engine_url} if config.engine in ("vllm", "sglang") else {}
         engine = load_engine(config.engine, path, **extra)
     log = InteractionLog(config.log_path) if config.log_path else None
     store = SessionStore(ttl_s=config.session_ttl_s, max_sessions=config.max_sessions, log=log)

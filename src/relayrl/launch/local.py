@@ -1,5 +1,6 @@
-"""`LocalLauncher`: everything of a run in this process: the engine, the gateway on a loopback
-thread, the session client the agents' episodes use, and the rollout controllers.
+"""`LocalLauncher`: a run's services from this process: the engine (in-process, or a vLLM/SGLang
+server named by `engine:`), the gateway on a loopback thread, the session client the agents'
+episodes use, and the rollout controllers.
 
 This is the laptop/CPU default and the reference for other launchers: a launcher is any
 callable `await launcher(actor) -> Services` (see `relayrl.train.ports`).
@@ -9,12 +10,14 @@ Imports: engine, gateway, client, workflow, rollout, train (ports and actor), co
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from relayrl.client import SessionClient
 from relayrl.config import RelayConfig
+from relayrl.engine import InferenceEngine, load_engine
 from relayrl.engine.local import LocalEngine
 from relayrl.gateway.server import GatewayThread, build_deps
 from relayrl.remote_rollout.workflow import build_remote_workflow
@@ -36,15 +39,41 @@ def build_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None, group_
                             agent_config=agent_config)
 
 
+async def start_engine(cfg: RelayConfig, actor: Actor) -> tuple[InferenceEngine, Any]:
+    """The engine `cfg.engine` names, serving the actor's weights; and a managed server to stop.
+
+    A remote engine (vLLM, SGLang) must serve the same model: the actor's directory. With
+    `kind: vllm` and no url, a vLLM server is started from its venv for this run.
+    """
+    e = cfg.engine
+    managed = None
+    if e.kind == "local":
+        engine: InferenceEngine = LocalEngine(actor.model_dir(), seed=cfg.seed,
+                                              num_threads=e.num_threads)
+    else:
+        url = e.url
+        if url is None:  # kind vllm without a url: a managed server for this run
+            from relayrl.engine.vllm_server import start_vllm_server
+
+            managed = await asyncio.to_thread(start_vllm_server, actor.model_dir())
+            url = managed.url
+        engine = load_engine(e.kind, actor.model_dir(), url=url)
+    if actor.version:
+        await engine.update_weights(actor.state_dict_for_engine(), version=actor.version)
+    return engine, managed
+
+
 @dataclass
 class LocalServices:
     """The engine, the gateway on loopback, and a session client bound to it."""
 
-    engine: LocalEngine
+    engine: InferenceEngine
     gateway: GatewayThread
     client: SessionClient
     config: RelayConfig
     model_dir: str
+    managed_server: Any = None
+    """A vLLM server started for this run (stopped with the services), or None."""
 
     def batches(self, workflow: Any, workflow_kwargs: dict[str, Any] | None,
                 dataset: Sequence[dict[str, Any]], rollout: RolloutConfig,
@@ -64,6 +93,8 @@ class LocalServices:
         await self.client.aclose()
         self.gateway.stop()
         await self.engine.aclose()
+        if self.managed_server is not None:
+            self.managed_server.stop()
 
 
 class LocalLauncher:
@@ -75,9 +106,7 @@ class LocalLauncher:
     async def __call__(self, actor: Actor) -> LocalServices:
         """Engine (with the actor's weights if it has trained), gateway, client."""
         cfg = self.config
-        engine = LocalEngine(actor.model_dir(), seed=cfg.seed)
-        if actor.version:
-            await engine.update_weights(actor.state_dict_for_engine(), version=actor.version)
+        engine, managed = await start_engine(cfg, actor)
         # One staleness rule, in one place: the rollout controller counts groups in flight, so
         # a second rule at the gateway (counting sessions) could only refuse the controller's
         # own episodes mid-group.
@@ -86,4 +115,4 @@ class LocalLauncher:
         gateway = GatewayThread(build_deps(gw_cfg, engine=engine)).start()
         client = SessionClient(gateway.url, admin_key=gw_cfg.admin_key,
                                timeout_s=cfg.rollout.episode_timeout_s)
-        return LocalServices(engine, gateway, client, cfg, actor.model_dir())
+        return LocalServices(engine, gateway, client, cfg, actor.model_dir(), managed)

@@ -21,10 +21,11 @@ from typing import Any
 
 from relayrl.client import SessionClient
 from relayrl.config import RelayConfig
-from relayrl.engine.local import LocalEngine
+from relayrl.engine import InferenceEngine
 from relayrl.gateway.config import GatewayConfig
 from relayrl.gateway.routes_rl_v1 import state_of
 from relayrl.gateway.server import GatewayThread, build_deps
+from relayrl.launch.local import start_engine
 from relayrl.rollout import RolloutConfig
 from relayrl.rollout.external import ExternalSessionSource
 from relayrl.train.actor import Actor
@@ -63,11 +64,12 @@ def ensure_admin_key(cfg: RelayConfig) -> tuple[RelayConfig, Path | None]:
 class ServiceServices:
     """The engine, the public gateway, an admin client, and the source of external batches."""
 
-    engine: LocalEngine
+    engine: InferenceEngine
     gateway: GatewayThread
     client: SessionClient
     config: RelayConfig
     actor: Actor
+    managed_server: Any = None
     source: ExternalSessionSource | None = None
     draining: bool = False
 
@@ -112,6 +114,8 @@ class ServiceServices:
         if self.gateway.deps.log is not None:
             self.gateway.deps.log.close()
         await self.engine.aclose()
+        if self.managed_server is not None:
+            self.managed_server.stop()
 
 
 class ServiceLauncher:
@@ -125,16 +129,14 @@ class ServiceLauncher:
     async def __call__(self, actor: Actor) -> ServiceServices:
         """Engine with the actor's weights, gateway on the configured address, admin client."""
         cfg = self.config
-        engine = LocalEngine(actor.model_dir(), seed=cfg.seed)
-        if actor.version:
-            await engine.update_weights(actor.state_dict_for_engine(), version=actor.version)
+        engine, managed = await start_engine(cfg, actor)
         gw_cfg = replace(service_gateway_config(cfg), model=actor.model_dir(),
                          model_label=cfg.gateway.model_label or cfg.model)
         gateway = GatewayThread(build_deps(gw_cfg, engine=engine), host=gw_cfg.host,
                                 port=gw_cfg.port).start()
         print(f"relayrl service listening at {gateway.url}", flush=True)
         client = SessionClient(gateway.url, admin_key=gw_cfg.admin_key)
-        self.services = ServiceServices(engine, gateway, client, cfg, actor)
+        self.services = ServiceServices(engine, gateway, client, cfg, actor, managed)
         if self._stop_requested:
             self.services.stop()
         return self.services

@@ -1,0 +1,31 @@
+"""`EngineConfig`: which inference engine serves the policy during training.
+
+`local` runs the model in the trainer's process (the CPU default). `vllm` talks to a vLLM server
+over HTTP: `url` names a running one; without a url the launcher starts a managed server from
+the venv `scripts/install_vllm.sh` makes. New weights reach a remote engine as a checkpoint
+directory it reloads. Imports: errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relayrl.errors import ConfigError
+
+TRAINING_ENGINES = ("local", "vllm", "sglang")
+"""Engines that take new weights (the scripted fake engine is for the gateway's tests)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine a training run or a service uses."""
+
+    kind: str = "local"                  # local (in-process), vllm or sglang (HTTP servers)
+    url: str | None = None               # a running server's root; vllm without one: start a managed server
+    num_threads: int | None = None       # local: torch threads of the engine thread (None: torch's)
+
+    def __post_init__(self) -> None:
+        if self.kind not in TRAINING_ENGINES:
+            raise ConfigError(f"engine kind {self.kind!r} is not one of {list(TRAINING_ENGINES)}")
+        if self.kind == "sglang" and not self.url:
+            raise ConfigError("engine kind 'sglang' needs url: the server's root")
