@@ -19,6 +19,7 @@ ray = pytest.importorskip("ray")
 
 AGENT = '''
 import os
+import sys
 import uuid
 from pathlib import Path
 
@@ -42,7 +43,8 @@ class PidAgent:
         text = reply.choices[0].message.content or ""
         record = {"pid": os.getpid(), "base_url": base_url,
                   "env_base_url": os.environ.get("OPENAI_BASE_URL"),
-                  "completion_tokens": reply.usage.completion_tokens}
+                  "completion_tokens": reply.usage.completion_tokens,
+                  "torch_imported": "torch" in sys.modules}
         Path(self.out_dir, uuid.uuid4().hex + ".json").write_text(__import__("json").dumps(record))
         return float(len(text) % 2)
 '''
@@ -123,6 +125,7 @@ def test_two_steps_with_agents_in_ray_workers_and_the_same_config_locally(
     assert len(records) >= 4  # 2 steps x a group of 2, each a real SDK call answered
     assert all(r["completion_tokens"] > 0 for r in records)
     assert all(r["pid"] not in (driver, services.host_pid) for r in records)  # Ray workers
+    assert not any(r["torch_imported"] for r in records)  # workers import the agent, not relayrl
     assert {r["base_url"] for r in records} == {r["env_base_url"] for r in records}
     assert all(r["base_url"].startswith(services.gateway_url) for r in records)
     assert not ray.is_initialized()  # the launcher started Ray, and shut it down

@@ -127,18 +127,25 @@ class RayWeightSink:
 
 # -- agents' episodes as Ray tasks ----------------------------------------------------------------
 
-def run_agent_task(agent_bytes: bytes, data: Any, base_url: str, api_key: str) -> Any:
-    """In a Ray worker: `agent.run(data, base_url=..., api_key=...)`, with the OpenAI env set."""
-    # one task at a time per worker process, so the environment is this episode's alone
-    os.environ.update({"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key})
-    agent = pickle.loads(agent_bytes)
-    out = agent.run(data, base_url=base_url, api_key=api_key)
-    if inspect.isawaitable(out):
-        async def _await() -> Any:
-            return await out
+def agent_task() -> Callable[[bytes, Any, str, str], Any]:
+    """The function a Ray worker runs for one episode: `agent.run(data, base_url, api_key)`.
 
-        out = asyncio.run(_await())
-    return out
+    Made here, not defined at module level, so that Ray ships it by value: a worker then imports
+    only the agent's own modules, not relayrl's (torch, transformers: many seconds each start).
+    """
+    def run_agent(agent_bytes: bytes, data: Any, base_url: str, api_key: str) -> Any:
+        # one task at a time per worker process, so the environment is this episode's alone
+        os.environ.update({"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key})
+        agent = pickle.loads(agent_bytes)
+        out = agent.run(data, base_url=base_url, api_key=api_key)
+        if inspect.isawaitable(out):
+            async def _await() -> Any:
+                return await out
+
+            out = asyncio.run(_await())
+        return out
+
+    return run_agent
 
 
 class RayAgentWorkflow(AgentWorkflow):
@@ -161,7 +168,7 @@ class RayAgentWorkflow(AgentWorkflow):
     async def _run_agent(self, session: SessionHandle, data: dict[str, Any]) -> Any:
         ray = _require_ray()
         if self._task is None:
-            self._task = ray.remote(num_cpus=self.num_cpus, max_retries=0)(run_agent_task)
+            self._task = ray.remote(num_cpus=self.num_cpus, max_retries=0)(agent_task())
         ref = self._task.remote(self._agent_bytes, data, session.base_url, session.api_key)
         try:
             return await ref
