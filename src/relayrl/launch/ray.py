@@ -226,7 +226,8 @@ class RayServices:
     gateway_url: str
     host_pid: int
     owns_ray: bool = False
-    """Whether these services started Ray (and so shut it down)."""
+    """Whether the launcher connected to Ray (and so these services disconnect, stopping a
+    private Ray)."""
     closed_version: int | None = field(default=None)
     """The engine's weight version when the services were closed."""
 
@@ -251,6 +252,29 @@ class RayServices:
                 ray.shutdown()
 
 
+def init_ray(num_cpus: int | None = None, object_store_memory: int | None = None) -> bool:
+    """Join `RAY_ADDRESS`, or start a private Ray here; whether this call connected (and so
+    the caller disconnects with `ray.shutdown`, which stops a private Ray).
+
+    Workers import agents by module path, so they get the driver's import path (which holds the
+    config's folder, see `add_import_path`) as their `PYTHONPATH`.
+    """
+    ray = _require_ray()
+    if ray.is_initialized():
+        return False
+    paths = [os.path.abspath(p or os.curdir) for p in sys.path]  # "": the driver's cwd
+    env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(p for p in paths if os.path.isdir(p)))}
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        # `ray.shutdown` later only disconnects: a cluster started elsewhere outlives the run
+        ray.init(address=address, runtime_env={"env_vars": env})
+        return True
+    ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1,
+             object_store_memory=object_store_memory, include_dashboard=False,
+             runtime_env={"env_vars": env})
+    return True
+
+
 class RayLauncher:
     """Starts `RayServices`: joins `RAY_ADDRESS` if set, else a private loopback Ray."""
 
@@ -262,28 +286,11 @@ class RayLauncher:
         self.last_services: RayServices | None = None
         """The services of the latest launch (for inspection after a run)."""
 
-    def _init_ray(self) -> bool:
-        ray = _require_ray()
-        if ray.is_initialized():
-            return False
-        # Workers import the agent and relayrl by module path: give them the driver's path
-        # (which holds the config's folder, `add_import_path`) on top of their own.
-        paths = [p for p in sys.path if p and os.path.isdir(p)]
-        env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
-        address = os.environ.get("RAY_ADDRESS")
-        if address:
-            ray.init(address=address, runtime_env={"env_vars": env})
-        else:
-            ray.init(address="local", num_cpus=self.num_cpus or os.cpu_count() or 1,
-                     object_store_memory=self.object_store_memory, include_dashboard=False,
-                     runtime_env={"env_vars": env})
-        return True
-
     async def __call__(self, actor: Actor) -> RayServices:
         """Ray, the gateway+engine actor (with the actor's weights if it has trained), client."""
         ray = _require_ray()
         cfg = self.config
-        owns = await asyncio.to_thread(self._init_ray)
+        owns = await asyncio.to_thread(init_ray, self.num_cpus, self.object_store_memory)
         host = None
         try:
             host = ray.remote(num_cpus=0)(GatewayEngineHost).remote(cfg, actor.model_dir())
