@@ -49,6 +49,7 @@ class RelayConfig:
     model: str = "smollm2-135m-instruct"      # policy: packaged name, local HF dir or hub id
     workflow: str | None = None               # agent or workflow to train, e.g. "my_agent.MathAgent"
     workflow_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the agent's constructor
+    launcher: Literal["local", "ray"] = "local"  # where services run: this process, or Ray actors/tasks
     data: DataConfig = field(default_factory=DataConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)

@@ -19,6 +19,7 @@ from relayrl.client import SessionClient
 from relayrl.config import RelayConfig
 from relayrl.engine import InferenceEngine, load_engine
 from relayrl.engine.local import LocalEngine
+from relayrl.gateway.config import GatewayConfig
 from relayrl.gateway.server import GatewayThread, build_deps
 from relayrl.remote_rollout.workflow import build_remote_workflow
 from relayrl.rollout import RolloutConfig, RolloutController
@@ -63,6 +64,26 @@ async def start_engine(cfg: RelayConfig, actor: Actor) -> tuple[InferenceEngine,
     return engine, managed
 
 
+def serving_gateway_config(cfg: RelayConfig, model_dir: str) -> GatewayConfig:
+    """The gateway settings for a training run serving the policy in `model_dir`."""
+    # One staleness rule, in one place: the rollout controller counts groups in flight, so
+    # a second rule at the gateway (counting sessions) could only refuse the controller's
+    # own episodes mid-group.
+    return replace(cfg.gateway_config(), model=model_dir, max_staleness=None,
+                   model_label=cfg.gateway.model_label or cfg.model)
+
+
+def rollout_controller(wf: RolloutWorkflow, dataset: Sequence[dict[str, Any]],
+                       rollout: RolloutConfig, version_fn: Callable[[], int], cfg: RelayConfig,
+                       model_dir: str) -> RolloutController:
+    """A rollout controller running `wf` over `dataset`, with this run's dump settings."""
+    decode = None
+    if rollout.dump_root:  # dumps belong to this run, and are read by people: decode text
+        rollout = replace(rollout, experiment=cfg.experiment_name, trial=cfg.trial_name)
+        decode = tokenizer_decoder(model_dir)
+    return RolloutController(wf, dataset, rollout, version_fn=version_fn, decode=decode)
+
+
 @dataclass
 class LocalServices:
     """The engine, the gateway on loopback, and a session client bound to it."""
@@ -81,12 +102,7 @@ class LocalServices:
         """A rollout controller running `workflow` over `dataset` against this gateway."""
         wf = build_workflow(workflow, workflow_kwargs, rollout.group_size, self.client,
                             rollout.agent_config())
-        decode = None
-        if rollout.dump_root:  # dumps belong to this run, and are read by people: decode text
-            rollout = replace(rollout, experiment=self.config.experiment_name,
-                              trial=self.config.trial_name)
-            decode = tokenizer_decoder(self.model_dir)
-        return RolloutController(wf, dataset, rollout, version_fn=version_fn, decode=decode)
+        return rollout_controller(wf, dataset, rollout, version_fn, self.config, self.model_dir)
 
     async def aclose(self) -> None:
         """Close the client, stop the gateway, then the engine."""
@@ -107,11 +123,7 @@ class LocalLauncher:
         """Engine (with the actor's weights if it has trained), gateway, client."""
         cfg = self.config
         engine, managed = await start_engine(cfg, actor)
-        # One staleness rule, in one place: the rollout controller counts groups in flight, so
-        # a second rule at the gateway (counting sessions) could only refuse the controller's
-        # own episodes mid-group.
-        gw_cfg = replace(cfg.gateway_config(), model=actor.model_dir(), max_staleness=None,
-                         model_label=cfg.gateway.model_label or cfg.model)
+        gw_cfg = serving_gateway_config(cfg, actor.model_dir())
         gateway = GatewayThread(build_deps(gw_cfg, engine=engine)).start()
         client = SessionClient(gateway.url, admin_key=gw_cfg.admin_key,
                                timeout_s=cfg.rollout.episode_timeout_s)

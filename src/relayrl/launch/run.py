@@ -13,17 +13,27 @@ from relayrl.config import RelayConfig, dump_config, load_config
 from relayrl.errors import ConfigError
 from relayrl.launch.local import LocalLauncher
 from relayrl.launch.process import add_import_path, limit_heap_growth
+from relayrl.train.ports import Launcher
 from relayrl.train.trainer import PPOTrainer, TrainResult, load_dataset
+
+
+def make_launcher(config: RelayConfig) -> Launcher:
+    """The launcher `config.launcher` names: `local` (this process) or `ray` (Ray actors)."""
+    if config.launcher == "ray":
+        from relayrl.launch.ray import RayLauncher  # Ray is an optional extra
+
+        return RayLauncher(config)
+    return LocalLauncher(config)
 
 
 def train(config: RelayConfig, train_dataset: Sequence[dict[str, Any]],
           eval_dataset: Sequence[dict[str, Any]] | None = None, *, workflow: Any,
           workflow_kwargs: dict[str, Any] | None = None,
           eval_workflow_kwargs: dict[str, Any] | None = None) -> TrainResult:
-    """Train `workflow` on the datasets with everything in this process (the CPU default)."""
+    """Train `workflow` on the datasets; services placed by `config.launcher` (default: here)."""
     limit_heap_growth()
     dump_config(config, config.run_dir / "config.yaml")
-    trainer = PPOTrainer(config, train_dataset, eval_dataset, launcher=LocalLauncher(config))
+    trainer = PPOTrainer(config, train_dataset, eval_dataset, launcher=make_launcher(config))
     return trainer.train(workflow, workflow_kwargs, eval_workflow_kwargs)
 
 
