@@ -19,6 +19,8 @@ ray = pytest.importorskip("ray")
 
 DATA = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"}
 
+pytestmark = pytest.mark.slow  # Ray starts in about a minute here
+
 
 @pytest.fixture(scope="module")
 def ray_session() -> Iterator[None]:
