@@ -62,17 +62,21 @@ class Service:
         """`GET /rl/v1/status`."""
         return httpx.get(f"{self.url}/rl/v1/status", timeout=30).json()
 
-    def wait_for_step(self, step: int, timeout_s: float) -> dict[str, Any]:
-        """Block until the trainer has taken `step` steps (bounded)."""
+    def wait_for_batches(self, batches: int, timeout_s: float) -> dict[str, Any]:
+        """Block until the trainer has consumed `batches` batches (bounded).
+
+        Batches, not optimizer steps: a batch whose groups all got one reward carries no signal
+        and takes no step (it still moves the version on).
+        """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             s = self.status()
-            if s["trainer"]["step"] >= step:
+            if s["trainer"]["batches"] >= batches:
                 return s
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the service exited:\n{self.log.read_text()[-3000:]}")
             time.sleep(1.0)
-        raise TimeoutError(f"no step {step} within {timeout_s} s: {self.status()}")
+        raise TimeoutError(f"not {batches} batches within {timeout_s} s: {self.status()}")
 
     def stop(self) -> str:
         """SIGTERM, wait, and return the service's output."""
@@ -97,7 +101,7 @@ async def evaluate(url: str, admin_key: str, items: list[dict[str, Any]],
 
 async def train(url: str, svc: Service, items: list[dict[str, Any]], args: argparse.Namespace,
                 ) -> None:
-    """Episodes in groups until the service has taken `args.steps` steps."""
+    """Episodes in groups until the service has trained on `args.steps` batches."""
     # The agent reads its endpoint from the environment, as agents do; inside each AgentRunner
     # episode its calls are routed into that episode's session whatever key it sends.
     os.environ["OPENAI_BASE_URL"] = f"{url}/v1"
@@ -110,12 +114,13 @@ async def train(url: str, svc: Service, items: list[dict[str, Any]], args: argpa
         chunk = [items[(step * per_step + j) % len(items)] for j in range(per_step)]
         summary = await runner.run(agent.run, chunk)
         status = svc.status()
+        t = status["trainer"]
         print(f"round {step + 1}: {summary.finished} finished, {summary.aborted} aborted, "
-              f"mean reward {summary.mean_reward}; trainer step {status['trainer']['step']}",
-              flush=True)
-        if status["trainer"]["step"] >= args.steps:
+              f"mean reward {summary.mean_reward}; trainer: {t['batches']} batches, "
+              f"{t['step']} optimizer steps", flush=True)
+        if t["batches"] >= args.steps:
             break
-    await asyncio.to_thread(svc.wait_for_step, args.steps, args.step_timeout_s)
+    await asyncio.to_thread(svc.wait_for_batches, args.steps, args.step_timeout_s)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -160,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         out = svc.stop() if svc.proc.poll() is None else svc.log.read_text()
     status_line = next((x for x in out.splitlines() if x.startswith("relayrl: held-out")), "")
-    print(f"held-out reward before RL {before:.3f} -> after {args.steps} steps {after:.3f} over "
+    print(f"held-out reward before RL {before:.3f} -> after {args.steps} batches {after:.3f} over "
           f"{len(eval_items)} items; {(time.perf_counter() - started) / 60:.1f} min")
     if status_line:
         print(f"service: {status_line}")
