@@ -24,6 +24,11 @@ from tests.gateway.conftest import ADMIN, Gateway, fake_gateway
 
 NOT_A_KEY = "sk-not-a-session-key"
 
+TIMEOUT = httpx.Timeout(120.0, connect=60.0)
+"""Generous: 32 sessions at once on a loaded 2-core machine must not time out on connect."""
+SDK_TIMEOUT = 120.0
+"""The same for the openai and anthropic SDKs (their connect timeout is 5 s by default)."""
+
 
 def texts(gw: Gateway, session_id: str) -> list[str]:
     """The decoded prompt+output of each call recorded in a session, from its export."""
@@ -42,13 +47,13 @@ def chat_body(text: str) -> dict[str, Any]:
 def call_sync(kind: str, url: str, text: str) -> None:
     """One chat call to the gateway at `url` through a blocking client, with no session key."""
     if kind == "openai_sync":
-        client = openai.OpenAI(base_url=url + "/v1", api_key=NOT_A_KEY, max_retries=0)
+        client = openai.OpenAI(base_url=url + "/v1", api_key=NOT_A_KEY, max_retries=0, timeout=SDK_TIMEOUT)
         client.chat.completions.create(**chat_body(text))
     elif kind == "anthropic_sync":
-        a = anthropic.Anthropic(base_url=url, api_key=NOT_A_KEY, max_retries=0)
+        a = anthropic.Anthropic(base_url=url, api_key=NOT_A_KEY, max_retries=0, timeout=SDK_TIMEOUT)
         a.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": text}])
     elif kind == "httpx_sync":
-        with httpx.Client(base_url=url) as c:
+        with httpx.Client(base_url=url, timeout=TIMEOUT) as c:
             c.post("/v1/chat/completions", json=chat_body(text)).raise_for_status()
     else:
         raise AssertionError(kind)
@@ -58,19 +63,19 @@ async def call_async(kind: str, url: str, text: str) -> None:
     """One chat call to the gateway at `url` through an async client (or a sync one in a
     context-copying thread), with no session key."""
     if kind == "openai_async":
-        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=NOT_A_KEY, max_retries=0)
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=NOT_A_KEY, max_retries=0, timeout=SDK_TIMEOUT)
         await client.chat.completions.create(**chat_body(text))
         await client.close()
     elif kind == "anthropic_async":
-        a = anthropic.AsyncAnthropic(base_url=url, api_key=NOT_A_KEY, max_retries=0)
+        a = anthropic.AsyncAnthropic(base_url=url, api_key=NOT_A_KEY, max_retries=0, timeout=SDK_TIMEOUT)
         await a.messages.create(model="m", max_tokens=8,
                                 messages=[{"role": "user", "content": text}])
         await a.close()
     elif kind == "httpx_async":
-        async with httpx.AsyncClient(base_url=url) as c:
+        async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as c:
             (await c.post("/v1/chat/completions", json=chat_body(text))).raise_for_status()
     elif kind == "aiohttp":
-        async with (aiohttp.ClientSession(base_url=url) as c,
+        async with (aiohttp.ClientSession(base_url=url, timeout=aiohttp.ClientTimeout(total=120)) as c,
                     c.post("/v1/chat/completions", json=chat_body(text)) as r):
             assert r.status == 200, await r.text()
     else:
@@ -131,7 +136,7 @@ async def test_calls_to_other_hosts_are_untouched(svc: Gateway, model_dir: str) 
         theirs = other.start_session()
         async with AgentSession(svc.url, ADMIN) as s:
             client = openai.AsyncOpenAI(base_url=other.url + "/v1", api_key=theirs["api_key"],
-                                        max_retries=0)
+                                        max_retries=0, timeout=SDK_TIMEOUT)
             await client.chat.completions.create(**chat_body("to the other gateway"))
             await client.close()
         assert texts(svc, s.session_id) == []
@@ -241,9 +246,9 @@ def test_base_url_and_key_reach_the_session_from_outside_the_context(svc: Gatewa
 
         def elsewhere() -> None:  # a bare thread starts with an empty context: no binding
             try:
-                openai.OpenAI(base_url=s.base_url, api_key="unused", max_retries=0) \
+                openai.OpenAI(base_url=s.base_url, api_key="unused", max_retries=0, timeout=SDK_TIMEOUT) \
                     .chat.completions.create(**chat_body("by path"))
-                anthropic.Anthropic(base_url=svc.url, api_key=s.api_key, max_retries=0) \
+                anthropic.Anthropic(base_url=svc.url, api_key=s.api_key, max_retries=0, timeout=SDK_TIMEOUT) \
                     .messages.create(model="m", max_tokens=8,
                                      messages=[{"role": "user", "content": "by key"}])
             except BaseException as e:
@@ -300,7 +305,7 @@ async def test_service_url_and_key_come_from_the_environment(svc: Gateway,
 async def test_agent_session_records_real_model_tokens(real_gw: Gateway) -> None:
     async with AgentSession(real_gw.url, ADMIN) as s:
         client = openai.AsyncOpenAI(base_url=real_gw.url + "/v1", api_key=NOT_A_KEY,
-                                    max_retries=0)
+                                    max_retries=0, timeout=SDK_TIMEOUT)
         r = await client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=8,
             temperature=0)
