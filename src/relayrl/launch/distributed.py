@@ -11,7 +11,7 @@ A job started by `torchrun` itself (several machines) is already a worker: pass
 The elastic agent watches the workers: when one fails, it stops the others and raises
 `ChildFailedError` naming the failed rank, so a crash on rank 0 never leaves followers waiting.
 
-Imports: the standard library and torch.distributed (launch layer: may import anything below).
+Imports: the standard library and torch (launch layer: may import anything below).
 """
 
 from __future__ import annotations
@@ -54,8 +54,13 @@ def launch_workers(world_size: int, fn: Callable[..., Any], *args: Any,
 
 def _worker(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """One rank: loopback gloo if the job is on this machine only, run `fn`, leave the group."""
+    import torch
     import torch.distributed as dist
 
+    if "OMP_NUM_THREADS" not in os.environ:
+        # the ranks share this machine's cores (torchrun sets OMP_NUM_THREADS=1 for the same reason)
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_here))
     lo = _loopback_interface()
     if os.environ.get("MASTER_ADDR") in ("127.0.0.1", "localhost") and lo:
         # gloo binds to the address the host name resolves to unless told otherwise
