@@ -69,3 +69,16 @@ def rank_worker(model_dir: str, cases: list[Case], out_dir: str) -> int:
         torch.save({"grads": dict(grads), "weights": weights(actor), "metrics": metrics},
                    Path(out_dir) / f"{name}.rank{rank}.pt")
     return rank
+
+
+def crash_on_rank0(world_size: int) -> None:
+    """Rank 0 fails while rank 1 waits for its part of an update (as a follower does)."""
+    import torch.distributed as dist
+
+    from relayrl.train.distributed import join_process_group
+
+    join_process_group(world_size)
+    if dist.get_rank() == 0:
+        raise ValueError("rank 0 failed on purpose")
+    out: list[Any] = [None]
+    dist.scatter_object_list(out, None, src=0)  # never answered: rank 0 is gone

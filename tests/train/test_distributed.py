@@ -23,7 +23,7 @@ from relayrl.train.distributed import join_process_group, row_costs, shard_group
 from relayrl.train.losses import token_weights
 
 from .conftest import random_batch
-from .distributed_cases import Case, one_step, rank_worker
+from .distributed_cases import Case, crash_on_rank0, one_step, rank_worker
 
 GRAD_RTOL = 1e-5
 """Measured on this CPU (fp32, gloo): max |g2 - g1| is 4e-6 of max |g1| (micro-batches of other
@@ -159,6 +159,20 @@ def test_two_ranks_take_the_same_step_as_one_process(tiny_llama_dir: str, tmp_pa
             assert m2["dp_rank_tokens_min"] == 0
         else:  # both ranks trained on something
             assert m2["dp_rank_tokens_min"] > 0
+
+
+@pytest.mark.slow
+def test_a_failed_rank_stops_the_others_and_the_launch_names_it() -> None:
+    import time
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from relayrl.launch.distributed import launch_workers
+
+    started = time.monotonic()
+    with pytest.raises(ChildFailedError, match="rank 0 failed on purpose"):
+        launch_workers(2, crash_on_rank0, 2)
+    assert time.monotonic() - started < 120  # rank 1 was stopped, not left waiting
 
 
 # -- `relayrl train CONFIG train.world_size=2` ---------------------------------------------------
