@@ -5,12 +5,14 @@ Imports: config, train, launch.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from relayrl.config import RelayConfig, dump_config, load_config
 from relayrl.errors import ConfigError
+from relayrl.launch.distributed import in_worker, launch_workers
 from relayrl.launch.local import LocalLauncher
 from relayrl.launch.process import add_import_path, limit_heap_growth
 from relayrl.train.ports import Launcher
@@ -30,9 +32,18 @@ def train(config: RelayConfig, train_dataset: Sequence[dict[str, Any]],
           eval_dataset: Sequence[dict[str, Any]] | None = None, *, workflow: Any,
           workflow_kwargs: dict[str, Any] | None = None,
           eval_workflow_kwargs: dict[str, Any] | None = None) -> TrainResult:
-    """Train `workflow` on the datasets; services placed by `config.launcher` (default: here)."""
+    """Train `workflow` on the datasets; services placed by `config.launcher` (default: here).
+
+    With `train.world_size` > 1, starts that many trainer ranks on this machine, each running
+    this function (rank 0 also runs the engine, gateway and rollouts); returns rank 0's result.
+    """
+    if config.train.world_size > 1 and not in_worker():
+        return launch_workers(config.train.world_size, train, config, train_dataset,
+                              eval_dataset, workflow=workflow, workflow_kwargs=workflow_kwargs,
+                              eval_workflow_kwargs=eval_workflow_kwargs)
     limit_heap_growth()
-    dump_config(config, config.run_dir / "config.yaml")
+    if int(os.environ.get("RANK", "0")) == 0:
+        dump_config(config, config.run_dir / "config.yaml")
     trainer = PPOTrainer(config, train_dataset, eval_dataset, launcher=make_launcher(config))
     return trainer.train(workflow, workflow_kwargs, eval_workflow_kwargs)
 

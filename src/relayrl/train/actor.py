@@ -172,6 +172,7 @@ class Actor:
         adv_B_T: torch.Tensor,
         prox_logprobs_B_T: torch.Tensor | None = None,
         ref_logprobs_B_T: torch.Tensor | None = None,
+        weights_B_T: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """One optimizer step on the batch's trained tokens; returns metrics.
 
@@ -179,12 +180,15 @@ class Actor:
         its exact share of the batch loss (per-token weights computed over the whole batch).
         `prox_logprobs_B_T=None` uses this step's own detached logprobs (exact for the first
         step on a batch). A batch with no trained token takes no step (`n_tokens` = 0).
+        `weights_B_T` (default: `token_weights` of this batch) are the tokens' shares of the loss:
+        a data-parallel rank passes its rows' shares of the global batch's loss.
         """
         cfg = self.config
         started = time.perf_counter()
         if cfg.kl_coef > 0 and ref_logprobs_B_T is None:
             ref_logprobs_B_T = self.reference_logprobs(batch)
-        weights_B_T = token_weights(batch.loss_mask_B_T, cfg.loss_agg)
+        if weights_B_T is None:
+            weights_B_T = token_weights(batch.loss_mask_B_T, cfg.loss_agg)
         self.optimizer.zero_grad(set_to_none=True)
         parts, padded_tokens = [], 0
         for mb in micro_batches(batch, cfg.micro_batch_tokens, cfg.packing):
@@ -196,10 +200,12 @@ class Actor:
             parts.append(out.stats)
             padded_tokens += mb.num_tokens
         metrics = merge_stats(parts)
+        if metrics["n_tokens"]:
+            lag_N = (self.version - batch.versions_B_T)[batch.loss_mask_B_T].float()
+            metrics.update(staleness_mean=float(lag_N.mean()), staleness_max=float(lag_N.max()))
+        metrics = self._across_ranks(metrics)
         if metrics["n_tokens"] == 0:
             return metrics
-        lag_N = (self.version - batch.versions_B_T)[batch.loss_mask_B_T].float()
-        metrics.update(staleness_mean=float(lag_N.mean()), staleness_max=float(lag_N.max()))
         metrics.update(self._optimizer_step())
         elapsed = time.perf_counter() - started
         metrics.update(update_s=elapsed, forward_tokens=float(padded_tokens),
@@ -226,7 +232,15 @@ class Actor:
             ref_logprobs=None if ref_B_T is None else mb.take(ref_B_T).to(dev),
         )
 
+    def _across_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
+        """This update's stats over every data-parallel rank (one process: as they are)."""
+        return metrics
+
+    def _sync_gradients(self) -> None:
+        """Make every rank's gradients the global batch's (one process: nothing to do)."""
+
     def _optimizer_step(self) -> dict[str, float]:
+        self._sync_gradients()
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))

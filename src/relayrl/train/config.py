@@ -47,9 +47,11 @@ class TrainConfig:
     checkpoint_every: int = 50                # save every N steps; 0 saves only at the end
     keep_checkpoints: int = 2                 # keep the newest K checkpoints (0 keeps all)
     save_optimizer: bool = True               # write optimizer.pt so a run can resume exactly
+    world_size: int = 1                       # data-parallel trainer ranks (torch.distributed; rank 0 serves rollouts)
 
     def __post_init__(self) -> None:
-        positive = ("lr", "micro_batch_tokens", "total_steps", "minibatches", "tis_cap")
+        positive = ("lr", "micro_batch_tokens", "total_steps", "minibatches", "tis_cap",
+                    "world_size")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")

@@ -31,6 +31,7 @@ from relayrl.rollout import Batch
 from relayrl.train.actor import Actor
 from relayrl.train.advantages import compute_advantages
 from relayrl.train.checkpoint import latest_checkpoint
+from relayrl.train.distributed import DistributedActor, join_process_group
 from relayrl.train.metrics import MetricsLogger
 from relayrl.train.packing import TrainBatch
 from relayrl.train.ports import BatchSource, Launcher, Services, TrainerSettings
@@ -118,6 +119,12 @@ class PPOTrainer:
         started = time.perf_counter()
         _seed_everything(cfg.seed)
         actor = self._make_actor()
+        if isinstance(actor, DistributedActor):
+            actor.sync_state()  # every rank starts from rank 0's weights, like DDP
+            if not actor.is_leader:  # ranks 1..W-1 only take their part of rank 0's updates
+                actor.follow(max_messages=4 * cfg.train.total_steps + 2)
+                return TrainResult(actor.step, None, None, None, None, None,
+                                   cfg.log_dir / "metrics.jsonl", time.perf_counter() - started)
         fresh = actor.step == 0
         eval_kwargs = eval_workflow_kwargs or workflow_kwargs
         run = _Run(cfg, actor, await self.launcher(actor))
@@ -135,6 +142,8 @@ class PPOTrainer:
             after = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "after RL")
         finally:
             await run.services.aclose()
+        if isinstance(actor, DistributedActor):
+            actor.stop_followers()  # (on an error the launcher stops them instead)
         checkpoint = actor.save_checkpoint(cfg.checkpoint_dir)
         evals = {"eval_reward_base": base, "eval_reward_before": before, "eval_reward_after": after}
         logger.log(actor.step, {k: v.mean_reward for k, v in evals.items() if v is not None})
@@ -145,11 +154,14 @@ class PPOTrainer:
 
     def _make_actor(self) -> Actor:
         cfg = self.config
+        cls, device = Actor, _device()
+        if cfg.train.world_size > 1:
+            cls, device = DistributedActor, str(join_process_group(cfg.train.world_size))
         last = latest_checkpoint(cfg.checkpoint_dir)
         if last is not None:  # the KL reference stays the original model, not the checkpoint
-            return Actor.resume(last, cfg.train, device=_device(),
-                                reference_path=model_path(cfg.model))
-        return Actor(model_path(cfg.model), cfg.train, device=_device())
+            return cls.resume(last, cfg.train, device=device,
+                              reference_path=model_path(cfg.model))
+        return cls(model_path(cfg.model), cfg.train, device=device)
 
 
 def _device() -> str:
@@ -185,6 +197,8 @@ class _Run:
         await asyncio.to_thread(run_sft, self.actor, rows, self.cfg.sft, self.cfg.seed,
                                 sft_log.log)
         sft_log.close()
+        if isinstance(self.actor, DistributedActor):
+            self.actor.sync_followers()  # SFT ran on rank 0 alone
         await self.services.engine.update_weights(self.actor.state_dict_for_engine(),
                                                   version=self.actor.version)
 

@@ -1,0 +1,84 @@
+"""What each rank runs in the data-parallel tests (a module of its own: spawned ranks import it).
+
+Imports: relayrl.train and torch only (not the test modules, whose fixtures must not load twice).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relayrl.train.actor import Actor
+from relayrl.train.config import TrainConfig
+from relayrl.train.packing import TrainBatch
+
+Case = tuple[str, TrainConfig, TrainBatch, torch.Tensor]
+"""(name, trainer settings, batch with the drop applied, per-token advantages)."""
+
+
+def capture_gradients(actor: Actor) -> dict[str, torch.Tensor]:
+    """A dict filled, just before each optimizer step, with the gradients it is about to apply."""
+    grads: dict[str, torch.Tensor] = {}
+
+    def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        grads.clear()
+        grads.update({n: p.grad.detach().clone() for n, p in actor.model.named_parameters()
+                      if p.grad is not None})
+
+    actor.optimizer.register_step_pre_hook(hook)
+    return grads
+
+
+def weights(actor: Actor) -> dict[str, torch.Tensor]:
+    """A copy of the policy's parameters."""
+    return {n: p.detach().clone() for n, p in actor.model.named_parameters()}
+
+
+def one_step(actor: Actor, case: Case) -> dict[str, Any]:
+    """One process: the step's gradients, the weights after it and its metrics."""
+    _, _, batch, adv_B_T = case
+    grads = capture_gradients(actor)
+    metrics = actor.update(batch, adv_B_T)
+    return {"grads": dict(grads), "weights": weights(actor), "metrics": metrics}
+
+
+def rank_worker(model_dir: str, cases: list[Case], out_dir: str) -> int:
+    """Every rank: a fresh actor per case; rank 0 updates on the whole batch, the others follow.
+
+    Each rank saves what it applied to `out_dir/<case>.rank<r>.pt`; returns the rank.
+    """
+    import torch.distributed as dist
+
+    from relayrl.train.distributed import DistributedActor, join_process_group
+
+    torch.set_num_threads(1)  # two ranks on a shared 2-core machine
+    device = join_process_group(2)
+    rank = dist.get_rank()
+    for name, cfg, batch, adv_B_T in cases:  # bounded by the cases
+        actor = DistributedActor(model_dir, cfg, device)
+        actor.sync_state()
+        grads = capture_gradients(actor)
+        metrics = None
+        if actor.is_leader:
+            metrics = actor.update(batch, adv_B_T)
+            actor.stop_followers()
+        else:
+            actor.follow(max_messages=2)
+        torch.save({"grads": dict(grads), "weights": weights(actor), "metrics": metrics},
+                   Path(out_dir) / f"{name}.rank{rank}.pt")
+    return rank
+
+
+def crash_on_rank0(world_size: int) -> None:
+    """Rank 0 fails while rank 1 waits for its part of an update (as a follower does)."""
+    import torch.distributed as dist
+
+    from relayrl.train.distributed import join_process_group
+
+    join_process_group(world_size)
+    if dist.get_rank() == 0:
+        raise ValueError("rank 0 failed on purpose")
+    out: list[Any] = [None]
+    dist.scatter_object_list(out, None, src=0)  # never answered: rank 0 is gone
