@@ -32,10 +32,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(stack: ExitStack, args: list[str]) -> None:
+def _spawn(stack: ExitStack, args: list[str]) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL)
     stack.callback(lambda: (proc.terminate(), proc.wait(10)))
+    return proc
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (from /proc; load does not inflate it)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _wait(url: str, timeout_s: float = 120) -> None:
@@ -69,7 +76,7 @@ def main() -> None:
                            args.model, "--port", str(port), "--admin-key", ADMIN])
             gateways.append(f"http://127.0.0.1:{port}")
         rport = _free_port()
-        _spawn(stack, ["-m", "relayrl.router.cli", "--port", str(rport),
+        router_proc = _spawn(stack, ["-m", "relayrl.router.cli", "--port", str(rport),
                        *[a for g in gateways for a in ("--backend", g)]])
         router = f"http://127.0.0.1:{rport}"
         for url in [*gateways, router]:
@@ -88,6 +95,7 @@ def main() -> None:
             for base in (owner, router):
                 client.post(base + "/v1/chat/completions", json=body,
                             headers={"authorization": f"Bearer {key}"})
+        cpu0 = _cpu_s(router_proc.pid)
         for i in range(args.calls):
             for kind, b in kinds.items():
                 order = [("direct", owner), ("router", router)]
@@ -98,6 +106,8 @@ def main() -> None:
                         r.read()
                         assert r.status_code == 200
                     lat.setdefault((kind, name), []).append((time.perf_counter() - t0) * 1e3)
+        routed = sum(len(xs) for (_, name), xs in lat.items() if name == "router")
+        cpu_ms = (_cpu_s(router_proc.pid) - cpu0) * 1e3 / routed
         print("| call | path | calls | p50 ms | p90 ms | p99 ms |")
         print("| --- | --- | ---: | ---: | ---: | ---: |")
         for (kind, name), xs in lat.items():
@@ -109,6 +119,8 @@ def main() -> None:
             print(f"\n{kind}: router p50 - direct p50 = "
                   f"{statistics.median(r) - statistics.median(d):.2f} ms; "
                   f"median of paired differences = {statistics.median(paired):.2f} ms")
+        print(f"\nrouter process CPU per routed call (user + system, health checks included): "
+              f"{cpu_ms:.2f} ms")
 
 
 if __name__ == "__main__":

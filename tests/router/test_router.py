@@ -164,3 +164,16 @@ def test_a_caller_chosen_key_cannot_be_reused_across_backends(router: RouterThre
                       headers=AUTH).status_code == 200
     again = httpx.post(router.url + "/rl/v1/start_session", json={"api_key": key}, headers=AUTH)
     assert again.status_code == 400 and "already in use" in again.json()["error"]["message"]
+
+
+def test_oversized_bodies_are_refused_before_any_backend(backends: list[Backend],
+                                                         router: RouterThread) -> None:
+    router.router.config.max_body_bytes = 4096
+    def calls() -> list[int]:
+        return [sum(a[0] != "/health" for a in b.sent.answers) for b in backends]
+
+    before = calls()
+    big = {**HI, "messages": [{"role": "user", "content": "x" * 10_000}]}
+    r = httpx.post(router.url + "/v1/chat/completions", json=big, headers=AUTH)
+    assert r.status_code == 413 and "over 4096 bytes" in r.json()["error"]["message"]
+    assert calls() == before

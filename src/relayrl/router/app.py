@@ -34,7 +34,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from relayrl.chat import wire_anthropic, wire_openai_chat
-from relayrl.errors import AuthenticationFailed, EngineError, InvalidRequest, NotFound, RelayError
+from relayrl.errors import (
+    AuthenticationFailed,
+    EngineError,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    RelayError,
+)
 from relayrl.router.config import RouterConfig, Tenant
 
 log = logging.getLogger("relayrl.router")
@@ -151,6 +158,12 @@ class Router:
     keys: _Bounded = field(init=False)
     sessions: _Bounded = field(init=False)
     client: httpx.AsyncClient | None = None
+    """For health checks."""
+    transport: httpx.AsyncBaseTransport | None = None
+    """The shared connection pool calls are relayed over. The transport, not a client: a client
+    would keep backends' cookies (and send them to other backends) and costs about a millisecond
+    of CPU per call in URL merging, cookie and redirect handling that a relay does not want."""
+    _timeout: dict[str, float | None] = field(default_factory=dict)
     _tenants: dict[str, Tenant] = field(default_factory=dict)
     _turn: itertools.count = field(default_factory=itertools.count)
 
@@ -213,11 +226,14 @@ class Router:
     async def send(self, backend: Backend, request: Request, caller: Caller,
                    body: bytes) -> httpx.Response:
         """Send the request to `backend` and return its answer unread (raises EngineError)."""
-        assert self.client is not None
-        req = self.client.build_request(request.method, self._url(backend, request),
-                                        headers=self._headers(request, caller), content=body)
+        assert self.transport is not None
+        req = httpx.Request(request.method, self._url(backend, request),
+                            headers=self._headers(request, caller), content=body,
+                            extensions={"timeout": self._timeout})
         try:
-            return await self.client.send(req, stream=True)
+            resp = await self.transport.handle_async_request(req)
+            resp.request = req
+            return resp
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             self.mark_down(backend, type(e).__name__)
             raise _unavailable("the gateway for this request is unreachable") from None
@@ -420,6 +436,20 @@ class Router:
         owner = self.sessions.get(session_id)
         return owner if owner is not None and owner in caller.scope else None
 
+    async def read_body(self, request: Request) -> bytes:
+        """The request body, refused (413) past `max_body_bytes` without reading it all."""
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body over {limit} bytes")
+        parts, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body over {limit} bytes")
+            parts.append(chunk)
+        return b"".join(parts)
+
     async def dispatch(self, request: Request) -> Response:
         """Route one request (see the module docstring)."""
         path = request.url.path
@@ -429,7 +459,7 @@ class Router:
         if path.startswith("/s/"):
             path_key = path.split("/", 3)[2]
         caller = self.caller(request, path_key)
-        body = await request.body()
+        body = await self.read_body(request)
         if path in _START:
             return await self.start_session(request, caller, body)
         if caller.owner is not None and not path.startswith("/sessions/"):
@@ -504,7 +534,9 @@ class Router:
         """Open the connection pool and run health checks for the app's lifetime."""
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         timeout = httpx.Timeout(self.config.read_timeout_s, connect=self.config.connect_timeout_s)
-        self.client = httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+        self.client = httpx.AsyncClient(timeout=timeout, trust_env=False)
+        self.transport = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
+        self._timeout = timeout.as_dict()
         await self.check_all()
 
         async def loop() -> None:
@@ -518,6 +550,7 @@ class Router:
         finally:
             task.cancel()
             await self.client.aclose()
+            await self.transport.aclose()
 
     def app(self) -> Starlette:
         """The Starlette app: every method on every path goes to `endpoint`."""

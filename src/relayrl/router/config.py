@@ -65,6 +65,8 @@ class RouterConfig:
     read_timeout_s: float = 600.0
     """Longest wait for a byte of a backend's answer (a long generation streams its first byte
     late)."""
+    max_body_bytes: int = 16 << 20
+    """Larger request bodies get a 413 before any backend sees them."""
     max_bindings: int = 1 << 20
     """Session keys (and session ids) remembered; the oldest are forgotten first."""
 
@@ -114,7 +116,10 @@ def load_tenants(path: str | Path) -> list[Tenant]:
     """Read a tenants file (YAML or JSON: a list, or a mapping with a `tenants` list)."""
     import yaml
 
-    text = Path(path).read_text()
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read the tenants file {path}: {e.strerror}") from None
     try:
         raw = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as e:
