@@ -69,10 +69,10 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     args = ap.parse_args()
     with ExitStack() as stack:
-        gateways = []
+        gateways, procs = [], {}
         for _ in range(2):
             port = _free_port()
-            _spawn(stack, ["-m", "relayrl.cli", "gateway", "--engine", "fake", "--model",
+            procs[f"http://127.0.0.1:{port}"] = _spawn(stack, ["-m", "relayrl.cli", "gateway", "--engine", "fake", "--model",
                            args.model, "--port", str(port), "--admin-key", ADMIN])
             gateways.append(f"http://127.0.0.1:{port}")
         rport = _free_port()
@@ -95,7 +95,7 @@ def main() -> None:
             for base in (owner, router):
                 client.post(base + "/v1/chat/completions", json=body,
                             headers={"authorization": f"Bearer {key}"})
-        cpu0 = _cpu_s(router_proc.pid)
+        cpu0, gcpu0 = _cpu_s(router_proc.pid), _cpu_s(procs[owner].pid)
         for i in range(args.calls):
             for kind, b in kinds.items():
                 order = [("direct", owner), ("router", router)]
@@ -108,6 +108,7 @@ def main() -> None:
                     lat.setdefault((kind, name), []).append((time.perf_counter() - t0) * 1e3)
         routed = sum(len(xs) for (_, name), xs in lat.items() if name == "router")
         cpu_ms = (_cpu_s(router_proc.pid) - cpu0) * 1e3 / routed
+        gateway_ms = (_cpu_s(procs[owner].pid) - gcpu0) * 1e3 / (2 * routed)
         print("| call | path | calls | p50 ms | p90 ms | p99 ms |")
         print("| --- | --- | ---: | ---: | ---: | ---: |")
         for (kind, name), xs in lat.items():
@@ -120,7 +121,7 @@ def main() -> None:
                   f"{statistics.median(r) - statistics.median(d):.2f} ms; "
                   f"median of paired differences = {statistics.median(paired):.2f} ms")
         print(f"\nrouter process CPU per routed call (user + system, health checks included): "
-              f"{cpu_ms:.2f} ms")
+              f"{cpu_ms:.2f} ms; the gateway's CPU per call (direct and routed): {gateway_ms:.2f} ms")
 
 
 if __name__ == "__main__":
