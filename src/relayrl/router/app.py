@@ -60,7 +60,9 @@ class Backend:
 
     url: str
     tenant: Tenant | None = None
-    healthy: bool = True
+    healthy: bool = False
+    """Up at its last health check or relayed call; none go to a backend before its first good
+    check (a router started before its gateways waits for them)."""
     failures: int = 0
     polled_open: int = 0
     """Open sessions at the last health check."""
@@ -517,7 +519,7 @@ class Router:
             ok, data = False, {}
         if ok:
             if not backend.healthy:
-                log.warning("backend %s is back", backend.url)
+                log.warning("backend %s is up", backend.url)
             backend.healthy, backend.failures = True, 0
             backend.polled_open, backend.started = int(data.get("open", 0)), 0
             return
