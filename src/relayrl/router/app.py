@@ -127,6 +127,22 @@ def error_response(path: str, exc: RelayError, headers: dict[str, str] | None = 
     return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
 
+def stream_error_frame(path: str, exc: RelayError) -> bytes:
+    """The SSE frame that ends a broken stream, as the gateway itself ends one that fails
+    (chat: a `data:` error body; Responses and Anthropic Messages: an `error` event)."""
+    if path.rstrip("/").endswith("/messages"):
+        body, event = wire_anthropic.error_body(exc), "error"
+    elif path.rstrip("/").endswith("/responses"):
+        e = wire_openai_chat.error_body(exc)["error"]
+        body = {"type": "error", "code": e["code"] or e["type"], "message": e["message"],
+                "param": e["param"]}
+        event = "error"
+    else:
+        body, event = wire_openai_chat.error_body(exc), None
+    data = json.dumps(body, separators=(",", ":"))
+    return (f"event: {event}\ndata: {data}\n\n" if event else f"data: {data}\n\n").encode()
+
+
 def _unavailable(message: str) -> EngineError:
     return EngineError(message)  # 503
 
@@ -271,12 +287,19 @@ class Router:
                 await resp.aclose()
             return _Upstream(resp.status_code, headers, content).response()
 
+        path = request.url.path
+
         async def chunks() -> AsyncIterator[bytes]:
+            ended = True  # at a frame boundary
             try:
                 async for chunk in resp.aiter_raw():
+                    if chunk:
+                        ended = chunk.endswith(b"\n\n")
                     yield chunk
-            except httpx.TransportError:
-                log.warning("stream from %s broke off", backend.url)
+            except httpx.TransportError as e:
+                log.warning("stream from %s broke off (%s)", backend.url, type(e).__name__)
+                yield (b"" if ended else b"\n\n") + stream_error_frame(
+                    path, _unavailable("the gateway holding this session stopped mid-stream"))
             finally:
                 await resp.aclose()
 
