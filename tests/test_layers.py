@@ -19,6 +19,7 @@ LAYERS: list[set[str]] = [
     {"trajectory"},
     {"engine"},
     {"gateway"},
+    {"router"},  # HTTP in front of gateways; imports chat (error bodies) only
     {"client"},
     {"workflow"},
     {"rollout"},

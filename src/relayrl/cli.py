@@ -106,6 +106,13 @@ def _cmd_rollout_server(args: argparse.Namespace) -> int:
     return int(rollout_server_main(rest))
 
 
+def _cmd_router(args: argparse.Namespace) -> int:
+    from relayrl.router.cli import main as router_main
+
+    rest = args.args[1:] if args.args[:1] == ["--"] else args.args
+    return int(router_main(rest))
+
+
 def _cmd_chat(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -184,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("args", nargs=argparse.REMAINDER)
     rs.set_defaults(func=_cmd_rollout_server)
 
+    rt = sub.add_parser("router", add_help=False,
+                        help="one URL in front of several gateways (session-affine; --tenants "
+                        "FILE); `relayrl router --help` lists its flags")
+    rt.add_argument("args", nargs=argparse.REMAINDER)
+    rt.set_defaults(func=_cmd_router)
+
     ch = sub.add_parser("chat", help="answer a prompt with a trained checkpoint")
     ch.add_argument("prompt")
     ch.add_argument("--checkpoint", default=None, help="a checkpoint (HF) directory")
@@ -200,8 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `relayrl` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["rollout-server"]:  # its own parser: flags pass through untouched
-        argv = ["rollout-server", "--", *argv[1:]]
+    if argv[:1] in (["rollout-server"], ["router"]):  # own parsers: flags pass through
+        argv = [argv[0], "--", *argv[1:]]
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
