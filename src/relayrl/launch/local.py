@@ -9,6 +9,7 @@ Imports: engine, gateway, client, workflow, rollout, train (ports and actor), co
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -59,6 +60,9 @@ class LocalLauncher:
             await engine.update_weights(actor.state_dict_for_engine(), version=actor.version)
         gw_cfg = replace(cfg.gateway_config(), model=actor.model_dir(),
                          model_label=cfg.gateway.model_label or cfg.model)
+        # the gateway's control routes are off without an admin key: give it one only our own
+        # client knows (in memory; nothing else in this process or outside needs it)
+        gw_cfg = replace(gw_cfg, admin_key=gw_cfg.admin_key or secrets.token_urlsafe(32))
         gateway = GatewayThread(build_deps(gw_cfg, engine=engine)).start()
         client = SessionClient(gateway.url, admin_key=gw_cfg.admin_key,
                                timeout_s=cfg.rollout.episode_timeout_s)
