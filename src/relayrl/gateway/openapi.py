@@ -14,6 +14,7 @@ modules (for their body models); never `gateway.app`.
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
 from fastapi import FastAPI
@@ -74,10 +75,14 @@ def _body(ref: dict[str, Any], required: bool) -> dict[str, Any]:
 
 def build_openapi(app: FastAPI) -> dict[str, Any]:
     """The OpenAPI document of `app`, completed with what FastAPI cannot see."""
-    doc = get_openapi(title="relayrl gateway", version=relayrl.__version__, routes=app.routes,
-                      description="OpenAI Chat Completions / Responses and Anthropic Messages "
-                                  "from the policy being trained, recorded per session; and the "
-                                  "RL routes that start, reward, end and export sessions.")
+    with warnings.catch_warnings():  # one endpoint serving GET and POST: ids are redone below
+        warnings.simplefilter("ignore", UserWarning)
+        doc = get_openapi(title="relayrl gateway", version=relayrl.__version__,
+                          routes=app.routes,
+                          description="OpenAI Chat Completions / Responses and Anthropic "
+                                      "Messages from the policy being trained, recorded per "
+                                      "session; and the RL routes that start, reward, end and "
+                                      "export sessions.")
     refs, defs = _schemas()
     components = doc.setdefault("components", {})
     components.setdefault("schemas", {}).update(defs)
@@ -117,6 +122,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                                    "schema": {"type": "string"}})
             if not params:
                 del op["parameters"]
+            op["operationId"] = f"{method}_{re.sub(r'[^A-Za-z0-9]+', '_', path).strip('_')}"
     return doc
 
 

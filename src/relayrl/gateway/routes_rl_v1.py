@@ -194,13 +194,15 @@ async def set_reward(request: Request) -> dict[str, Any]:
 
 async def finalize(request: Request) -> dict[str, Any]:
     """End the trajectory with an optional final reward; a second finalize changes nothing."""
+    session, digest = _caller(request)  # the key is checked before the body is read
+    state = state_of(request)
+    done = state.finalized.get(digest)
+    if session is None and done is None:
+        raise AuthenticationFailed(NO_SESSION)
     body: FinalizeV1 = await read_model(request, FinalizeV1)
     final = body.final_reward if body.final_reward is not None else body.reward
     if final is not None and not math.isfinite(final):
         raise InvalidRequest("final_reward must be a finite number")
-    state = state_of(request)
-    session, digest = _caller(request)
-    done = state.finalized.get(digest)
     if done is not None:  # idempotent: the first finalize's reward stands
         current = str(session.state) if session is not None else str(SessionState.EXPORTED)
         return {"session_id": done.session_id, "state": current,
@@ -221,8 +223,10 @@ async def finalize(request: Request) -> dict[str, Any]:
 
 async def abort(request: Request) -> dict[str, Any]:
     """Abort the caller's session: it is never trained on (a failed episode, not reward 0)."""
+    session, digest = _caller(request)  # the key is checked before the body is read
+    if session is None and digest not in state_of(request).finalized:
+        raise AuthenticationFailed(NO_SESSION)
     await read_model(request, AbortV1)
-    session, digest = _caller(request)
     if session is None:
         if digest in state_of(request).finalized:
             raise SessionClosed("session already exported; it can no longer be aborted")
