@@ -19,19 +19,14 @@ def svc(model_dir: str) -> Iterator[Gateway]:
 
 @pytest.fixture
 def open_svc(model_dir: str) -> Iterator[Gateway]:
-    """A loopback gateway started without an admin key, as seed 003's example expects."""
-    from relayrl.engine.fake import FakeEngine
-    from relayrl.gateway.config import GatewayConfig
-    from relayrl.gateway.server import GatewayThread, build_deps
-    from tests.gateway.conftest import Script
+    """A loopback gateway as `relayrl gateway` starts one, for seed 003's example.
 
-    script = Script()
-    engine = FakeEngine(script, tokenizer_path=model_dir)
-    cfg = GatewayConfig(model=model_dir, engine="fake", admin_key=None, max_staleness=None,
-                        model_label="relayrl-test")
-    thread = GatewayThread(build_deps(cfg, engine=engine)).start()
-    yield Gateway(thread.url, thread, script)
-    thread.stop()
+    It has an admin key (a gateway never runs with its control routes open); the seed's code
+    stays as written and finds the key in the environment (`RELAYRL_API_KEY`).
+    """
+    g = fake_gateway(model_dir, max_staleness=None)
+    yield g
+    g.thread.stop()
 
 
 def admin_headers() -> dict[str, str]:

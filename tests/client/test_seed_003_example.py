@@ -14,7 +14,7 @@ from aiohttp import ClientSession
 
 from relayrl.client import AgentRunner, AgentSession
 from relayrl.trajectory import SessionState
-from tests.gateway.conftest import Gateway
+from tests.gateway.conftest import ADMIN, Gateway
 
 
 # ---- verbatim from seed 003 ("Example: Manual Trajectory Management") ------------------------
@@ -57,6 +57,7 @@ def seed_env(open_svc: Gateway, monkeypatch: pytest.MonkeyPatch) -> Gateway:
     for name in ("RELAYRL_URL", "RELAYRL_API_KEY", "OPENAI_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OPENAI_BASE_URL", open_svc.url)  # as the seed's __main__ does
+    monkeypatch.setenv("RELAYRL_API_KEY", ADMIN)  # the service's key, from its key file
     return open_svc
 
 
@@ -94,9 +95,11 @@ async def test_seed_batch_example_runs_unchanged_with_agent_runner(seed_env: Gat
 
 
 async def test_outside_a_session_the_seed_agent_records_nothing(seed_env: Gateway) -> None:
-    # without AgentSession the agent has no session key: its reward and finalize are refused
-    # (401) and nothing is recorded, which is why the seed wraps it
-    await MyAgent().run(dataset[0])
+    # without AgentSession the agent has no session key: the gateway (which has an admin key)
+    # refuses even its completion with a 401, whose body has no "id", so the seed's code fails
+    # on it; nothing is recorded, which is why the seed wraps it
+    with pytest.raises(KeyError):
+        await MyAgent().run(dataset[0])
     assert list(seed_env.deps.store) == []
 
 
@@ -113,6 +116,7 @@ def test_the_example_in_docs_service_md_runs_as_an_external_process(open_svc: Ga
     env = {**os.environ, "OPENAI_BASE_URL": open_svc.url, "PYTHONPATH": str(root / "src")}
     for name in ("RELAYRL_URL", "RELAYRL_API_KEY", "OPENAI_API_KEY"):
         env.pop(name, None)
+    env["RELAYRL_API_KEY"] = ADMIN
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

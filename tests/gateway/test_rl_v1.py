@@ -62,7 +62,7 @@ def test_the_key_addressed_url_serves_and_records_into_its_session(gw: Gateway) 
     session = gw.deps.store.get(s["session_id"])
     assert [c.reward for c in session.interactions] == [0.25]
     bad = OpenAI(base_url=gw.url + "/s/" + "x" * 43 + "/v1", api_key="k", max_retries=0)
-    with pytest.raises(Exception, match="invalid session key") as e:
+    with pytest.raises(Exception, match="invalid or missing session key") as e:
         bad.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     assert s["api_key"] not in str(e.value)
 

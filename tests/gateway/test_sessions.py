@@ -87,14 +87,20 @@ def test_calls_after_end_session_get_409(gw: Gateway) -> None:
         chat(gw, s["api_key"], [{"role": "user", "content": "late"}])
 
 
-def test_path_addressed_sessions_need_no_key(gw: Gateway) -> None:
+def test_sessions_are_reached_by_key_never_by_id(gw: Gateway) -> None:
     s = gw.start_session()
-    assert s["base_url"].endswith(f"/sessions/{s['session_id']}/v1")
+    # the base URL carries the session key, not the id
+    assert s["base_url"].endswith(f"/s/{s['api_key']}/v1") and s["session_id"] not in s["base_url"]
     chat(gw, "anything", [{"role": "user", "content": "hi"}], base=s["base_url"])
     assert len(gw.export(s["session_id"])) == 1
-    with pytest.raises(openai.NotFoundError):
-        chat(gw, "x", [{"role": "user", "content": "hi"}],
-             base=gw.url + "/sessions/not-a-session/v1")
+    # the id-addressed form and the `?session_id=` query parameter are gone: an id opens nothing
+    for base in (gw.url + f"/sessions/{s['session_id']}/v1", gw.url + "/sessions/x/v1"):
+        with pytest.raises(openai.NotFoundError):
+            chat(gw, s["api_key"], [{"role": "user", "content": "hi"}], base=base)
+    r = httpx.post(gw.url + "/v1/chat/completions", params={"session_id": s["session_id"]},
+                   json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 401
+    assert len(gw.export(s["session_id"])) == 1  # nothing landed in the session
 
 
 def test_control_routes_need_the_admin_key(gw: Gateway) -> None:

@@ -56,7 +56,7 @@ class HttpRewardAgent:
         client = AsyncOpenAI(base_url=extra["base_url"], api_key=extra["api_key"],
                              http_client=extra["http_client"], max_retries=0)
         await client.chat.completions.create(model="relayrl-test", messages=data["messages"])
-        root = extra["base_url"].split("/sessions/")[0]
+        root = extra["base_url"].split("/s/")[0]
         http: httpx.AsyncClient = extra["http_client"]
         r = await http.post(f"{root}/rl/set_reward", json={"reward": 0.5},
                             headers={"authorization": f"Bearer {extra['api_key']}"})

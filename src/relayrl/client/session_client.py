@@ -38,7 +38,8 @@ class SessionHandle:
     session_id: str
     api_key: str
     base_url: str
-    """OpenAI-style base URL bound to the session by path (`.../sessions/{id}/v1`)."""
+    """OpenAI-style base URL bound to the session by its key in the path (`.../s/{key}/v1`):
+    a secret, like `api_key`."""
 
 
 class SessionClient:

@@ -25,8 +25,8 @@ from starlette.types import Receive, Scope, Send
 
 from relayrl.chat.completion import CompletionRequest
 from relayrl.errors import InvalidRequest, RelayError, SessionClosed
-from relayrl.gateway import rollout_callback, routes_rl, routes_rl_v1
-from relayrl.gateway.auth import calling_session
+from relayrl.gateway import openapi, rollout_callback, routes_rl, routes_rl_v1
+from relayrl.gateway.auth import calling_session, redact_path
 from relayrl.gateway.bodies import read_json
 from relayrl.gateway.core import (
     GatewayDeps,
@@ -36,6 +36,7 @@ from relayrl.gateway.core import (
     complete_stream_batches,
     prepare,
 )
+from relayrl.gateway.guard import Guard
 from relayrl.gateway.wires import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Wire
 from relayrl.trajectory import Session
 
@@ -56,12 +57,15 @@ def _parse(deps: GatewayDeps, wire: Wire, body: Any) -> CompletionRequest:
     return wire.format.to_request(model)
 
 
-async def serve_completion(request: Request, wire: Wire, session_id: str | None) -> Any:
-    """Parse a call in `wire` format, run it, and answer in the same format."""
+async def serve_completion(request: Request, wire: Wire) -> Any:
+    """Parse a call in `wire` format, run it, and answer in the same format.
+
+    The caller's key (path or header) is checked before the body is read or parsed.
+    """
     request.state.wire = wire
     deps = _deps(request)
+    session = calling_session(deps, request)
     body = await read_json(request)
-    session = calling_session(deps, request, session_id)
     req = _parse(deps, wire, body)
     callback = rollout_callback.from_body(body) if wire is OPENAI_CHAT else None
     if callback is not None:  # the remote rollout protocol (seed 002)
@@ -195,28 +199,20 @@ async def _sse(deps: GatewayDeps, wire: Wire, session: Session | None,
 
 async def chat_completions(request: Request) -> Any:
     """OpenAI Chat Completions."""
-    return await serve_completion(request, OPENAI_CHAT, _session_id(request))
+    return await serve_completion(request, OPENAI_CHAT)
 
 
 async def responses(request: Request) -> Any:
     """OpenAI Responses."""
-    return await serve_completion(request, OPENAI_RESPONSES, _session_id(request))
+    return await serve_completion(request, OPENAI_RESPONSES)
 
 
 async def messages(request: Request) -> Any:
     """Anthropic Messages."""
-    return await serve_completion(request, ANTHROPIC, _session_id(request))
+    return await serve_completion(request, ANTHROPIC)
 
 
-def _session_id(request: Request) -> str | None:
-    # The completion routes are plain Starlette endpoints: FastAPI's per-request dependency
-    # solving cost more than the rest of a short call. The id comes from the path, else (as
-    # FastAPI gave it to the unprefixed routes) from the query string.
-    params = request.path_params
-    return params["session_id"] if "session_id" in params else request.query_params.get("session_id")
-
-
-async def list_models(request: Request, session_id: str | None = None) -> dict[str, Any]:
+async def list_models(request: Request) -> dict[str, Any]:
     """OpenAI-style model list: the policy being served."""
     deps = _deps(request)
     return {"object": "list", "data": [{"id": deps.model_label, "object": "model",
@@ -232,7 +228,7 @@ def _wire_for(request: Request) -> Wire:
 
 async def _relay_error(request: Request, exc: Exception) -> JSONResponse:
     if not isinstance(exc, RelayError):
-        log.exception("unexpected error on %s", request.url.path, exc_info=exc)
+        log.exception("unexpected error on %s", redact_path(request.url.path), exc_info=exc)
         exc = RelayError("internal error; the gateway log has the details")
     return JSONResponse(_wire_for(request).format.error_body(exc), status_code=exc.status_code)
 
@@ -240,7 +236,8 @@ async def _relay_error(request: Request, exc: Exception) -> JSONResponse:
 async def _not_found(request: Request, exc: Exception) -> JSONResponse:
     from relayrl.errors import NotFound
 
-    return await _relay_error(request, NotFound(f"no route {request.method} {request.url.path}"))
+    return await _relay_error(
+        request, NotFound(f"no route {request.method} {redact_path(request.url.path)}"))
 
 
 @asynccontextmanager
@@ -263,18 +260,23 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 def create_app(deps: GatewayDeps) -> FastAPI:
     """Build the gateway app around `deps`."""
-    app = FastAPI(title="relayrl gateway", docs_url=None, redoc_url=None, openapi_url=None,
-                  lifespan=_lifespan)
+    # /openapi.json lists every route (gateway.openapi adds what FastAPI cannot see); no
+    # interactive docs pages, which would load scripts from a CDN
+    app = FastAPI(title="relayrl gateway", docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json", lifespan=_lifespan)
     app.state.deps = deps
-    for prefix in ("", "/sessions/{session_id}"):
-        for path in ("/v1/chat/completions", "/chat/completions"):
-            app.add_route(prefix + path, chat_completions, methods=["POST"])
-        for path in ("/v1/responses", "/responses"):
-            app.add_route(prefix + path, responses, methods=["POST"])
-        app.add_route(prefix + "/v1/messages", messages, methods=["POST"])
-        app.add_api_route(prefix + "/v1/models", list_models, methods=["GET"])
+    # Sessions are reached by key only: header, or the key-addressed `/s/{key}/v1` base URL
+    # (routes_rl_v1). There is no id-addressed form: an id names a session, it opens nothing.
+    for path in ("/v1/chat/completions", "/chat/completions"):
+        app.add_route(path, chat_completions, methods=["POST"])
+    for path in ("/v1/responses", "/responses"):
+        app.add_route(path, responses, methods=["POST"])
+    app.add_route("/v1/messages", messages, methods=["POST"])
+    app.add_api_route("/v1/models", list_models, methods=["GET"])
     routes_rl.register(app)
     routes_rl_v1.register(app)
+    openapi.install(app)
+    app.add_middleware(Guard)
     app.add_exception_handler(RelayError, _relay_error)
     app.add_exception_handler(Exception, _relay_error)
     app.add_exception_handler(404, _not_found)

@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from relayrl.errors import InvalidRequest
-from relayrl.gateway.auth import require_admin, require_session
+from relayrl.gateway.auth import check_chosen_key, require_admin, require_session
 from relayrl.gateway.bodies import read_model
 from relayrl.gateway.core import GatewayDeps
 from relayrl.gateway.wires import interaction_id
@@ -41,7 +41,8 @@ class StartSession(_Body):
     task_id: str | None = None
     metadata: dict[str, Any] | None = None
     api_key: str | None = None
-    """A key of the caller's choosing (AReaL controllers pass one); random when absent."""
+    """A key of the caller's choosing (AReaL controllers pass one; 16-256 URL-safe characters,
+    not the admin key, not another session's); random when absent."""
 
 
 class SetReward(_Body):
@@ -93,12 +94,16 @@ async def start_session(request: Request) -> dict[str, Any]:
     deps = _deps(request)
     require_admin(deps, request)
     body: StartSession = await read_model(request, StartSession)
+    if body.api_key is not None:
+        check_chosen_key(deps, body.api_key)
     _capacity(deps)  # refreshes the staleness rule start_session enforces
     session = deps.store.start_session(task_id=body.task_id, metadata=body.metadata,
                                        api_key=body.api_key)
+    assert session.api_key is not None  # a fresh session always has its plain key
+    # the base URL carries the key, never the id: a session id names a session, opens nothing
     base = str(request.base_url).rstrip("/")
     return {"session_id": session.id, "api_key": session.api_key,
-            "base_url": f"{base}/sessions/{session.id}/v1"}
+            "base_url": f"{base}/s/{session.api_key}/v1"}
 
 
 async def set_reward(request: Request) -> dict[str, Any]:

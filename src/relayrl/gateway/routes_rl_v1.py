@@ -13,7 +13,6 @@ modules (app, auth, core, routes_rl). Nothing above the gateway layer.
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from fastapi.responses import JSONResponse
 import relayrl
 from relayrl.chat import wire_openai_chat
 from relayrl.errors import AuthenticationFailed, CapacityExhausted, InvalidRequest, SessionClosed
-from relayrl.gateway.auth import request_key, require_admin
+from relayrl.gateway.auth import NO_SESSION, check_chosen_key, request_key, require_admin
 from relayrl.gateway.bodies import read_model
 from relayrl.gateway.core import GatewayDeps
 from relayrl.gateway.routes_rl import SetReward, _Body, _capacity
@@ -42,8 +41,6 @@ RETIRED_KEYS = 1 << 16
 
 RECENT_REWARDS = 100
 """Final rewards averaged by `/rl/v1/status`."""
-
-_URL_SAFE_KEY = re.compile(r"[A-Za-z0-9_.~-]{16,256}")
 
 Admission = Callable[[GatewayDeps], float | None]
 """Decides whether a session may start now: None admits, a number refuses for that many seconds."""
@@ -138,8 +135,11 @@ async def start_session(request: Request) -> Any:
     else:
         body = await read_model(request, StartSessionV1)
     group = _group(body.group_id, body.task_id)
-    if body.api_key is not None and not _URL_SAFE_KEY.fullmatch(body.api_key):
-        raise InvalidRequest("api_key must be 16-256 URL-safe characters (A-Z a-z 0-9 _ . ~ -)")
+    if body.api_key is not None:
+        check_chosen_key(deps, body.api_key)
+        if _key_hash(body.api_key) in state_of(request).finalized:
+            # a finalized session's key stays its own: finalize answers for it by key
+            raise InvalidRequest("api_key is already held by another session; choose another")
     state = state_of(request)
     if state.admit is not None:
         wait = state.admit(deps)
@@ -168,7 +168,7 @@ def _caller(request: Request) -> tuple[Session | None, bytes]:
     """
     key = request.path_params.get("session_key") or request_key(request)
     if not key:
-        raise AuthenticationFailed("this route needs a session key (from /rl/v1/start_session)")
+        raise AuthenticationFailed(NO_SESSION)
     digest = _key_hash(key)
     try:
         return _deps(request).store.by_key(key), digest
@@ -179,7 +179,7 @@ def _caller(request: Request) -> tuple[Session | None, bytes]:
 def _known_session(request: Request) -> Session:
     session, _ = _caller(request)
     if session is None:
-        raise AuthenticationFailed("invalid session key")
+        raise AuthenticationFailed(NO_SESSION)
     return session
 
 
@@ -194,19 +194,21 @@ async def set_reward(request: Request) -> dict[str, Any]:
 
 async def finalize(request: Request) -> dict[str, Any]:
     """End the trajectory with an optional final reward; a second finalize changes nothing."""
+    session, digest = _caller(request)  # the key is checked before the body is read
+    state = state_of(request)
+    done = state.finalized.get(digest)
+    if session is None and done is None:
+        raise AuthenticationFailed(NO_SESSION)
     body: FinalizeV1 = await read_model(request, FinalizeV1)
     final = body.final_reward if body.final_reward is not None else body.reward
     if final is not None and not math.isfinite(final):
         raise InvalidRequest("final_reward must be a finite number")
-    state = state_of(request)
-    session, digest = _caller(request)
-    done = state.finalized.get(digest)
     if done is not None:  # idempotent: the first finalize's reward stands
         current = str(session.state) if session is not None else str(SessionState.EXPORTED)
         return {"session_id": done.session_id, "state": current,
                 "final_reward": done.final_reward, "already_finalized": True}
     if session is None:
-        raise AuthenticationFailed("invalid session key")
+        raise AuthenticationFailed(NO_SESSION)
     if session.state != SessionState.OPEN and session.state != SessionState.ENDED:
         raise SessionClosed(f"session {session.id} is {session.state}; it cannot be finalized")
     if final is not None:
@@ -221,12 +223,14 @@ async def finalize(request: Request) -> dict[str, Any]:
 
 async def abort(request: Request) -> dict[str, Any]:
     """Abort the caller's session: it is never trained on (a failed episode, not reward 0)."""
+    session, digest = _caller(request)  # the key is checked before the body is read
+    if session is None and digest not in state_of(request).finalized:
+        raise AuthenticationFailed(NO_SESSION)
     await read_model(request, AbortV1)
-    session, digest = _caller(request)
     if session is None:
         if digest in state_of(request).finalized:
             raise SessionClosed("session already exported; it can no longer be aborted")
-        raise AuthenticationFailed("invalid session key")
+        raise AuthenticationFailed(NO_SESSION)
     if session.state == SessionState.EXPORTED:
         raise SessionClosed(f"session {session.id} is already exported; it cannot be aborted")
     _deps(request).store.abort(session.id)
@@ -265,10 +269,9 @@ def _keyed(handler_name: str) -> Callable[[Request], Any]:
     async def endpoint(request: Request) -> Any:
         from relayrl.gateway import app as gateway_app
 
-        session = _known_session(request)
         wire = {"chat": gateway_app.OPENAI_CHAT, "responses": gateway_app.OPENAI_RESPONSES,
                 "messages": gateway_app.ANTHROPIC}[handler_name]
-        return await gateway_app.serve_completion(request, wire, session.id)
+        return await gateway_app.serve_completion(request, wire)  # the path's key decides
 
     endpoint.__name__ = f"keyed_{handler_name}"
     return endpoint

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
+import secrets
 import socket
 import threading
 import time
+from dataclasses import replace
+from pathlib import Path
 
 from relayrl.errors import ConfigError
 from relayrl.gateway.config import GatewayConfig
@@ -52,7 +56,38 @@ def build_deps(config: GatewayConfig, engine=None) -> GatewayDeps:
                        model_label=config.model_label or config.model)
 
 
-def serve(config: GatewayConfig) -> None:
+def default_admin_key_file(port: int) -> Path:
+    """Where `relayrl gateway` keeps the admin key it generates: private, one file per port."""
+    root = os.environ.get("XDG_RUNTIME_DIR") or str(Path.home() / ".relayrl")
+    return Path(root) / "relayrl" / f"gateway-{port}.admin_key"
+
+
+def ensure_admin_key(config: GatewayConfig,
+                     path: Path | None = None) -> tuple[GatewayConfig, Path | None]:
+    """The config with an admin key: a generated one lives in a 0600 file (reused on restart).
+
+    A gateway without an admin key would leave start, abort, ack and export open to every local
+    process, so one is always made; it goes to a file only its owner can read (as `relayrl
+    serve` does under its run dir), never to stdout or the log.
+    """
+    if config.admin_key:
+        return config, None
+    path = path or default_admin_key_file(config.port)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = ""
+    if path.exists() and path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077 == 0:
+        key = path.read_text().strip()
+    if len(key) < 32:
+        key = secrets.token_urlsafe(32)
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
+        os.replace(tmp, path)
+    return replace(config, admin_key=key), path
+
+
+def serve(config: GatewayConfig, admin_key_file: Path | None = None) -> None:
     """Serve until interrupted, printing the address once listening."""
     import uvicorn
 
@@ -63,6 +98,7 @@ def serve(config: GatewayConfig) -> None:
             f"refusing to listen on {config.host}, which is not loopback, with no admin key: "
             "pass --admin-key"
         )
+    config, key_file = ensure_admin_key(config, admin_key_file)
     app = create_app(build_deps(config))
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
                                            log_level="warning", access_log=False))
@@ -77,6 +113,9 @@ def serve(config: GatewayConfig) -> None:
             host = f"[{config.host}]" if ":" in config.host else config.host
             port = server.servers[0].sockets[0].getsockname()[1] if server.servers else config.port
             print(f"relayrl gateway listening at http://{host}:{port}", flush=True)
+            if key_file is not None:
+                print(f"admin key (generated; send it as `Authorization: Bearer KEY`) is in "
+                      f"{key_file}", flush=True)
         await task
 
     asyncio.run(run())

@@ -102,6 +102,9 @@ class SessionStore:
         sid = session_id or f"sess-{uuid.uuid4().hex}"
         if sid in self._sessions:
             raise InvalidRequest(f"session {sid} already exists")
+        if api_key is not None and hash_key(api_key) in self._by_key:
+            # else the key would silently move to the new session (and its calls with it)
+            raise InvalidRequest("api_key is already held by another session; choose another")
         self._make_room()
         session = Session(sid, task_id, metadata, api_key, journal=self.log, clock=self._clock)
         self._add(session)

@@ -11,6 +11,7 @@ Imports: engine, gateway, client, workflow, rollout, train (ports and actor), co
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -62,6 +63,14 @@ async def start_engine(cfg: RelayConfig, actor: Actor) -> tuple[InferenceEngine,
     if actor.version:
         await engine.update_weights(actor.state_dict_for_engine(), version=actor.version)
     return engine, managed
+
+
+def with_admin_key(cfg: RelayConfig) -> RelayConfig:
+    """`cfg` with an admin key: the gateway's control routes are off without one, so a run's
+    own gateway gets a random key only the run's client knows (in memory, never written)."""
+    if cfg.gateway.admin_key:
+        return cfg
+    return replace(cfg, gateway=replace(cfg.gateway, admin_key=secrets.token_urlsafe(32)))
 
 
 def serving_gateway_config(cfg: RelayConfig, model_dir: str) -> GatewayConfig:
@@ -117,7 +126,7 @@ class LocalLauncher:
     """Starts a `LocalServices` for the actor's current model and weights."""
 
     def __init__(self, config: RelayConfig) -> None:
-        self.config = config
+        self.config = with_admin_key(config)
 
     async def __call__(self, actor: Actor) -> LocalServices:
         """Engine (with the actor's weights if it has trained), gateway, client."""

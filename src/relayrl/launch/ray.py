@@ -41,6 +41,7 @@ from relayrl.launch.local import (
     rollout_controller,
     serving_gateway_config,
     start_engine,
+    with_admin_key,
 )
 from relayrl.rollout import RolloutConfig, RolloutController
 from relayrl.train.actor import Actor
@@ -280,7 +281,7 @@ class RayLauncher:
 
     def __init__(self, config: RelayConfig, *, num_cpus: int | None = None,
                  object_store_memory: int | None = None) -> None:
-        self.config = config
+        self.config = with_admin_key(config)
         self.num_cpus = num_cpus
         self.object_store_memory = object_store_memory
         self.last_services: RayServices | None = None

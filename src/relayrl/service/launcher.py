@@ -12,8 +12,6 @@ Imports: engine, gateway, client, train (ports, actor), config, service.
 from __future__ import annotations
 
 import contextlib
-import os
-import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +23,7 @@ from relayrl.engine import InferenceEngine
 from relayrl.gateway.config import GatewayConfig
 from relayrl.gateway.routes_rl_v1 import state_of
 from relayrl.gateway.server import GatewayThread, build_deps
+from relayrl.gateway.server import ensure_admin_key as gateway_admin_key
 from relayrl.launch.local import start_engine
 from relayrl.rollout import RolloutConfig
 from relayrl.rollout.external import ExternalSessionSource
@@ -42,22 +41,13 @@ def service_gateway_config(cfg: RelayConfig) -> GatewayConfig:
 
 
 def ensure_admin_key(cfg: RelayConfig) -> tuple[RelayConfig, Path | None]:
-    """The config with an admin key; a generated one is written (0600) under the run dir.
+    """The config with an admin key; a generated one is kept (0600) in `{run}/admin_key`.
 
-    A service's control routes (start, abort, export) must not be open to every local process,
-    and a key is a secret: it goes to a file only its owner can read, never to the log.
+    The gateway's own rule (`gateway.server.ensure_admin_key`), with the key file in the run's
+    folder, next to its checkpoints and log.
     """
-    if cfg.gateway.admin_key:
-        return cfg, None
-    path = cfg.run_dir / "admin_key"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    key = path.read_text().strip() if path.exists() else ""
-    if len(key) < 32:
-        key = secrets.token_urlsafe(32)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(key + "\n")
-    return replace(cfg, gateway=replace(cfg.gateway, admin_key=key)), path
+    gw, path = gateway_admin_key(cfg.gateway, cfg.run_dir / "admin_key")
+    return replace(cfg, gateway=gw), path
 
 
 @dataclass
