@@ -12,6 +12,7 @@
     │   └── ChecksumMismatch                      packaged weights do not match their sha256
     ├── ConfigError (ValueError)                  bad config key or value
     ├── EngineError (RuntimeError)           503  the engine failed or is shut down
+    ├── Unavailable                          503  a shared resource is busy (the durable log is locked)
     └── EpisodeFailed (RuntimeError)              an agent, its reward or its subprocess failed
 
 Every class keeps the default `__init__` so instances pickle (subprocess workflows need that).
@@ -89,6 +90,13 @@ class ConfigError(RelayError, ValueError):
 
 class EngineError(RelayError, RuntimeError):
     """The inference engine failed or has shut down."""
+
+    status_code = 503
+    error_type = "api_error"
+
+
+class Unavailable(RelayError):
+    """A resource the call needs is busy for now (the durable log is locked): try again."""
 
     status_code = 503
     error_type = "api_error"

@@ -190,15 +190,22 @@ def test_tool_results_come_before_the_text_of_the_same_turn() -> None:
         ("tool", "noon"), ("user", "also this")]
 
 
-def test_system_turns_and_redacted_thinking() -> None:
-    req = parse({"messages": [
-        {"role": "system", "content": "sys"}, *USER,
+def test_the_system_prompt_and_redacted_thinking() -> None:
+    req = parse({"system": "sys", "messages": [
+        *USER,
         {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "xx"},
                                           {"type": "text", "text": "hi"}]},
         {"role": "user", "content": "ok"}]})
     assert [(m.role, m.content, m.reasoning) for m in req.conversation.messages] == [
         ("system", "sys", None), ("user", USER[0]["content"], None), ("assistant", "hi", None),
         ("user", "ok", None)]
+
+
+def test_a_system_turn_inside_messages_is_refused() -> None:
+    # Anthropic's API has no system role in messages: the system prompt is the top-level field
+    with pytest.raises(InvalidRequest, match="system") as info:
+        parse({"messages": [{"role": "system", "content": "sys"}, *USER]})
+    assert info.value.param == "messages.0.role"  # type: ignore[attr-defined]
 
 
 def test_thinking_disabled_turns_template_thinking_off() -> None:
@@ -264,7 +271,7 @@ BAD_REQUESTS = [
             {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1/x.png"}}]}]}]},
      "messages.0.content.0.content.0"),
     ({"messages": [{"role": "system", "content": [{"type": "image"}]}, *USER]},
-     "messages.0.0"),
+     "messages.0.role"),  # no system turns in messages at all (the top-level `system` is it)
 ]
 
 

@@ -265,6 +265,8 @@ PIECE_CACHE_CHARS = 1 << 21
 """Characters of text pieces whose ids a `PieceEncoder` keeps (2M: at most a few tens of MB)."""
 PIECE_CACHE_MAX_PIECE = 1 << 16
 """Pieces longer than this (a huge tool result) are encoded every time rather than cached."""
+LONG_TEXT_CHARS = 1 << 16
+"""Texts longer than this are encoded whole, past the piece cache, with the GIL released."""
 
 
 class PieceEncoder:
@@ -543,9 +545,20 @@ class Renderer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; special tokens spelled in it become their ids, none are added."""
+        if len(text) > LONG_TEXT_CHARS:
+            # `encode_batch` releases the GIL (`encode` does not), so a long prompt tokenized in a
+            # worker thread does not stall the event loop; the piece cache would not keep it anyway
+            return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         if self._pieces is None:
             return self._tok.encode(text, add_special_tokens=False).ids
         return self._pieces.encode(text)
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """Most characters one token stands for (the longest vocabulary entry): a text of `c`
+        characters is at least `c / max_token_chars` tokens."""
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        return max((len(t) for t in vocab), default=1) or 1
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of `ids` (special tokens kept unless asked otherwise, as HF's `decode`)."""

@@ -153,8 +153,10 @@ def _messages(body: MessagesRequest) -> tuple[Message, ...]:
     for i, turn in enumerate(body.messages):
         where = f"messages.{i}"
         if turn.role == "system":
-            out.append(Message(role="system", content=_system_text(turn.content, where)))
-        elif turn.role == "user":
+            # Anthropic's API has no system turns: the system prompt is the top-level `system`
+            raise invalid("messages take roles 'user' and 'assistant' only; put the system "
+                          "prompt in the top-level 'system' field", f"{where}.role")
+        if turn.role == "user":
             out.extend(_user_turn(turn, where, names))
         else:
             out.append(_assistant_turn(turn, where, names))

@@ -24,6 +24,9 @@ from relayrl.types import SamplingParams
 
 DEFAULT_MAX_TOKENS = 1024
 """Sampled-token budget when a request names none; the gateway may clamp it to the context."""
+MAX_TOKENS_LIMIT = 1 << 20
+"""Largest `max_tokens` accepted (more than any model's context): above it is a 400, below it a
+budget larger than the room left in the context is clamped to that room."""
 PART_SEPARATOR = "\n"
 """Joins the text parts of one list-valued content (as vLLM does)."""
 
@@ -92,8 +95,11 @@ def sampling_params(*, max_tokens: int | None, temperature: float | None, top_p:
     n = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
          "top_k": "top_k", **(names or {})}
     mt = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
-    if mt < 1:
-        raise invalid(f"{n['max_tokens']} must be at least 1, got {mt}", n["max_tokens"])
+    if type(mt) is not int:  # JSON true parses as an int subclass; "10" must not pass either
+        raise invalid(f"{n['max_tokens']} must be an integer, got {mt!r}", n["max_tokens"])
+    if not 1 <= mt <= MAX_TOKENS_LIMIT:
+        raise invalid(f"{n['max_tokens']} must be in [1, {MAX_TOKENS_LIMIT}], got {mt}",
+                      n["max_tokens"])
     t = 1.0 if temperature is None else temperature
     if not 0.0 <= t <= max_temperature:
         raise invalid(f"temperature must be in [0, {max_temperature:g}], got {t}", n["temperature"])

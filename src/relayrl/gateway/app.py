@@ -16,12 +16,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relayrl.chat.completion import CompletionRequest
 from relayrl.errors import InvalidRequest, RelayError, SessionClosed
@@ -34,7 +34,7 @@ from relayrl.gateway.core import (
     StreamFinish,
     complete,
     complete_stream_batches,
-    prepare,
+    prepare_async,
 )
 from relayrl.gateway.guard import Guard
 from relayrl.gateway.wires import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Wire
@@ -64,6 +64,7 @@ async def serve_completion(request: Request, wire: Wire) -> Any:
     """
     request.state.wire = wire
     deps = _deps(request)
+    # who is calling is known from the headers and path: refuse a stranger before reading a body
     session = calling_session(deps, request)
     body = await read_json(request)
     req = _parse(deps, wire, body)
@@ -74,17 +75,28 @@ async def serve_completion(request: Request, wire: Wire) -> Any:
         session_open(deps, session)
     if req.n > deps.config.max_n:
         raise InvalidRequest(f"n={req.n} is more than this gateway serves ({deps.config.max_n})")
+    call = await prepare_async(deps, session, req)
     if not req.stream:
-        completion = await _unless_client_leaves(request, complete(deps, session, req))
+        completion = await _unless_client_leaves(request, complete(deps, session, req, call))
         if completion is None:
             return Response(status_code=499)  # nobody is listening; nothing was recorded
         payload = wire.format.render_completion(completion, req)
         if callback is not None and session is not None:
             rollout_callback.apply(session, completion, callback, payload)
         return JSONResponse(payload)
-    call = prepare(deps, session, req)
     return EventStream(_sse(deps, wire, session, call), media_type="text/event-stream",
                        headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+
+async def answer_completion(request: Request, wire: Wire) -> Any:
+    """`serve_completion`, with any failure answered in the wire's own error shape."""
+    # Errors are answered here, not by Starlette's catch-all handler: that one re-raises after
+    # answering, and uvicorn then drops the keep-alive connection of every failed call.
+    try:
+        return await serve_completion(request, wire)
+    except Exception as exc:  # every failure becomes the wire's own error body
+        request.state.wire = wire
+        return await _relay_error(request, exc)
 
 
 async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T | None:
@@ -168,7 +180,8 @@ def session_open(deps: GatewayDeps, session: Session) -> None:
 
 async def _sse(deps: GatewayDeps, wire: Wire, session: Session | None,
                call: PreparedCall) -> AsyncIterator[str]:
-    req = call.request
+    # every frame names the policy that answers, as the non-streamed reply does
+    req = replace(call.request, model=deps.model_label)
     enc = wire.format.StreamEncoder.for_request(req, call.interaction_ids[0], int(time.time()))
     prompt_tokens = len(call.prompt_ids)
     completion_tokens = 0
@@ -194,22 +207,26 @@ async def _sse(deps: GatewayDeps, wire: Wire, session: Session | None,
     except RelayError as e:
         yield "".join(enc.error(e))
         return
+    except Exception as e:  # a bug must end the stream cleanly, not the connection
+        log.exception("unexpected error while streaming", exc_info=e)
+        yield "".join(enc.error(RelayError("internal error; the gateway log has the details")))
+        return
     yield "".join(enc.end(prompt_tokens, completion_tokens))
 
 
 async def chat_completions(request: Request) -> Any:
     """OpenAI Chat Completions."""
-    return await serve_completion(request, OPENAI_CHAT)
+    return await answer_completion(request, OPENAI_CHAT)
 
 
 async def responses(request: Request) -> Any:
     """OpenAI Responses."""
-    return await serve_completion(request, OPENAI_RESPONSES)
+    return await answer_completion(request, OPENAI_RESPONSES)
 
 
 async def messages(request: Request) -> Any:
     """Anthropic Messages."""
-    return await serve_completion(request, ANTHROPIC)
+    return await answer_completion(request, ANTHROPIC)
 
 
 async def list_models(request: Request) -> dict[str, Any]:
@@ -231,6 +248,42 @@ async def _relay_error(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s", redact_path(request.url.path), exc_info=exc)
         exc = RelayError("internal error; the gateway log has the details")
     return JSONResponse(_wire_for(request).format.error_body(exc), status_code=exc.status_code)
+
+
+_WIRE_SUFFIXES = ("/chat/completions", "/responses", "/messages")
+"""Paths whose routes answer their own errors (`answer_completion`)."""
+
+
+class _AnswerUnexpectedErrors:
+    """Answers an unexpected exception in the route's error shape without re-raising it.
+
+    Starlette hands a handler for `Exception` to its outermost middleware, which answers and then
+    re-raises, so uvicorn drops the keep-alive connection of every such call. This sits inside
+    that middleware and absorbs the exception once the answer is sent. The completion routes
+    answer their own errors, so their messages skip the extra `send` wrapper.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].endswith(_WIRE_SUFFIXES):
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sender(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sender)
+        except Exception as exc:
+            if started:
+                raise  # half an answer is out: nothing better than closing the connection
+            response = await _relay_error(Request(scope, receive), exc)
+            await response(scope, receive, send)
 
 
 async def _not_found(request: Request, exc: Exception) -> JSONResponse:
@@ -279,6 +332,7 @@ def create_app(deps: GatewayDeps) -> FastAPI:
     app.add_middleware(Guard)
     app.add_exception_handler(RelayError, _relay_error)
     app.add_exception_handler(Exception, _relay_error)
+    app.add_middleware(_AnswerUnexpectedErrors)
     app.add_exception_handler(404, _not_found)
     app.add_exception_handler(405, _not_found)
     return app

@@ -1,6 +1,11 @@
 """Reading request bodies: size-limited JSON, and validation against a small pydantic model,
 with every failure a 4xx in the calling protocol's error format (never a 500).
 
+The body is streamed against the limit (a chunked upload is refused as soon as it passes it,
+never buffered whole), and the parsed JSON is refused when it nests deeper than
+`MAX_JSON_DEPTH` or holds a lone UTF-16 surrogate (`"\\ud800"`): such text cannot be tokenized,
+encoded as UTF-8 or written to the durable log, so it is a 400 here rather than a 500 later.
+
 Shared by `gateway.app` (completion routes) and `gateway.routes_rl` (RL routes), so neither
 imports the other. May import: FastAPI/Starlette request types, pydantic, `relayrl.errors`,
 `relayrl.gateway.core`.
@@ -9,31 +14,85 @@ imports the other. May import: FastAPI/Starlette request types, pydantic, `relay
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from relayrl.errors import InvalidRequest, PayloadTooLarge
 from relayrl.gateway.core import GatewayDeps
 
 B = TypeVar("B", bound=BaseModel)
 
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays and objects a body may have (tool schemas need a dozen or so)."""
+
+# A lone surrogate can only come from a `\uD800`-`\uDFFF` escape: the raw bytes are valid UTF-8,
+# which cannot encode one. Bodies without such an escape skip the walk over the parsed value.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refused with a 413 as soon as it passes `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}")
+    raw = bytearray()
+    try:
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > limit:
+                raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+    except ClientDisconnect:
+        raise InvalidRequest("the client left before sending the whole body") from None
+    return bytes(raw)
+
+
+def parse_json(raw: bytes) -> Any:
+    """`raw` as JSON; malformed, too deep or not representable as UTF-8 is a 400."""
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidRequest(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise InvalidRequest(f"request body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:  # else it cannot be too deep
+        check_depth(value)
+    if _SURROGATE_ESCAPE.search(raw):
+        check_no_surrogates(value)
+    return value
+
+
+def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
+    """Raise a 400 if `value` nests lists and dicts deeper than `limit` (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > limit:
+            raise InvalidRequest(f"request body nests deeper than {limit} levels")
+        if isinstance(v, dict):
+            stack.extend((x, depth + 1) for x in v.values() if isinstance(x, (dict, list)))
+        elif isinstance(v, list):
+            stack.extend((x, depth + 1) for x in v if isinstance(x, (dict, list)))
+
+
+def check_no_surrogates(value: Any) -> None:
+    """Raise a 400 if a string (or key) in `value` holds a lone UTF-16 surrogate."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest("request body holds a lone UTF-16 surrogate (e.g. \\ud800): "
+                             "text must be valid Unicode") from None
+
 
 async def read_json(request: Request) -> Any:
     """The request body as JSON, refusing oversized or malformed bodies with a 4xx."""
     deps: GatewayDeps = request.app.state.deps
-    limit = deps.config.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}")
-    raw = await request.body()
-    if len(raw) > limit:
-        raise PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {limit}")
-    try:
-        return json.loads(raw) if raw else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidRequest(f"request body is not valid JSON: {e}") from None
+    return parse_json(await read_body(request, deps.config.max_body_bytes))
 
 
 async def read_model(request: Request, model: type[B]) -> B:
@@ -47,4 +106,5 @@ async def read_model(request: Request, model: type[B]) -> B:
         raise InvalidRequest(f"invalid {where}: {first.get('msg')}") from None
 
 
-__all__ = ["read_json", "read_model"]
+__all__ = ["MAX_JSON_DEPTH", "check_depth", "check_no_surrogates", "parse_json", "read_body",
+           "read_json", "read_model"]

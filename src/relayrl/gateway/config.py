@@ -24,3 +24,6 @@ class GatewayConfig:
     max_staleness: int | None = None      # staleness rule at the gateway (versions a sample may lag); None: no rule
     batch_size: int = 8                   # episodes per training batch (used only with max_staleness)
     model_label: str | None = None        # name shown in /v1/models and replies (default: model)
+    header_timeout_s: float = 10.0        # a request's line and headers must arrive within this
+    body_timeout_s: float = 30.0          # longest silence while a request body is arriving
+    keep_alive_timeout_s: float = 5.0     # idle keep-alive connections are closed after this

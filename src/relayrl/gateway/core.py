@@ -72,21 +72,34 @@ class RenderCache:
         if not renderer.deterministic:
             return renderer.render(conv)
         key = render_key(conv)
-        ids = self._ids.get(key)
+        ids = self.get(key)
         if ids is not None:
-            self._ids.move_to_end(key)
-            self.hits += 1
-            return list(ids)
-        self.misses += 1
+            return ids
         fresh = renderer.render(conv)
-        self._ids[key] = tuple(fresh)
-        self._tokens += len(fresh)
+        self.put(key, fresh)
+        return fresh
+
+    def get(self, key: Hashable) -> list[int] | None:
+        """The ids cached under `key` (a `render_key`), counting the hit or miss."""
+        ids = self._ids.get(key)
+        if ids is None:
+            self.misses += 1
+            return None
+        self._ids.move_to_end(key)
+        self.hits += 1
+        return list(ids)
+
+    def put(self, key: Hashable, ids: Sequence[int]) -> None:
+        """Cache `ids` under `key`, evicting the least recently used beyond the bounds."""
+        if key in self._ids:  # two calls rendered the same prompt at once
+            return
+        self._ids[key] = tuple(ids)
+        self._tokens += len(ids)
         for _ in range(len(self._ids)):  # evict least recently used until within both bounds
             if self._tokens <= self.max_tokens and len(self._ids) <= self.max_entries:
                 break
             _, old = self._ids.popitem(last=False)
             self._tokens -= len(old)
-        return fresh
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -147,23 +160,93 @@ class PreparedCall:
     """The prompt opened a `<think>` block (templates that start replies inside reasoning)."""
 
 
+OFFLOAD_CHARS = 32_768
+"""Prompts with more text than this are tokenized in a worker thread, off the event loop."""
+
+
+def prompt_chars(conv: Conversation) -> int:
+    """Characters of message text in `conv`: every one of them is in the prompt."""
+    n = 0
+    for m in conv.messages:
+        n += len(m.content) + len(m.reasoning or "")
+        for c in m.tool_calls:
+            n += len(c.arguments)
+    return n
+
+
+def check_size(deps: GatewayDeps, req: CompletionRequest) -> int:
+    """Refuse, before any tokenizing, a call that cannot fit the context; return its text size.
+
+    No token spells more than `renderer.max_token_chars` characters, so a prompt with more than
+    that many times the context's length in characters is over the context whatever it says.
+    """
+    context = deps.engine.context_length
+    chars = prompt_chars(req.conversation)
+    if chars > context * deps.renderer.max_token_chars:
+        raise ContextLengthExceeded(
+            f"the prompt is {chars} characters, more than this model's context of {context} "
+            "tokens can hold"
+        )
+    return chars
+
+
+async def prepare_async(deps: GatewayDeps, session: Session | None,
+                        req: CompletionRequest) -> PreparedCall:
+    """`prepare`, after `check_size`, with a long prompt tokenized in a worker thread."""
+    if check_size(deps, req) <= OFFLOAD_CHARS:
+        return prepare(deps, session, req)
+    # The session tree and the render cache are read here, on the loop (a call may be recorded
+    # meanwhile); only the render and tokenizing (which releases the GIL) run in the thread.
+    conv = req.conversation
+    _check_tool_choice(conv)
+    parent, reason = _locate(session, conv)
+    if (parent is None or reason is not None) and deps.renderer.deterministic:
+        key = render_key(conv)  # a GRPO group sends a long prompt many times: render it once
+        prompt = deps.renders.get(key)
+        if prompt is None:
+            prompt = await asyncio.to_thread(deps.renderer.render, conv)
+            deps.renders.put(key, prompt)
+    else:
+        prompt, reason = await asyncio.to_thread(_build_prompt, deps, conv, parent, reason, False)
+    return _finish_prepare(deps, req, prompt, parent, reason)
+
+
+def _locate(session: Session | None,
+            conv: Conversation) -> tuple[Interaction | None, BranchReason | None]:
+    if session is None:
+        return None, None
+    located = session.locate(conv)
+    return located.parent, located.reason
+
+
+def _build_prompt(deps: GatewayDeps, conv: Conversation, parent: Interaction | None,
+                  reason: BranchReason | None,
+                  cached: bool) -> tuple[list[int], BranchReason | None]:
+    prompt = None
+    if parent is not None and reason is None:
+        prev_ids = [*parent.prompt_ids, *parent.output_ids]
+        prev_messages = (*parent.conversation.messages, parent.reply.to_message())
+        prompt = deps.renderer.extend(prev_ids, prev_messages, conv)
+        if prompt is None:  # the tree link stays, so credit still flows to the parent
+            reason = BranchReason.PROMPT_MISMATCH
+    if prompt is None:
+        prompt = (deps.renders.render(deps.renderer, conv) if cached
+                  else deps.renderer.render(conv))
+    return prompt, reason
+
+
 def prepare(deps: GatewayDeps, session: Session | None, req: CompletionRequest) -> PreparedCall:
     """Build the prompt ids for a call: extend the parent's tokens, or render a new segment."""
     conv = req.conversation
     _check_tool_choice(conv)
-    forced = _forced_prefix(conv)
-    parent, reason, prompt = None, None, None
-    if session is not None:
-        located = session.locate(conv)
-        parent, reason = located.parent, located.reason
-        if parent is not None and reason is None:
-            prev_ids = [*parent.prompt_ids, *parent.output_ids]
-            prev_messages = (*parent.conversation.messages, parent.reply.to_message())
-            prompt = deps.renderer.extend(prev_ids, prev_messages, conv)
-            if prompt is None:  # the tree link stays, so credit still flows to the parent
-                reason = BranchReason.PROMPT_MISMATCH
-    if prompt is None:
-        prompt = deps.renders.render(deps.renderer, conv)
+    parent, reason = _locate(session, conv)
+    prompt, reason = _build_prompt(deps, conv, parent, reason, True)
+    return _finish_prepare(deps, req, prompt, parent, reason)
+
+
+def _finish_prepare(deps: GatewayDeps, req: CompletionRequest, prompt: list[int],
+                    parent: Interaction | None, reason: BranchReason | None) -> PreparedCall:
+    forced = _forced_prefix(req.conversation)
     if forced:
         prompt = prompt + deps.renderer.encode(forced)
     room = deps.engine.context_length - len(prompt)
@@ -259,9 +342,11 @@ def record(deps: GatewayDeps, session: Session | None, call: PreparedCall, index
     return iid
 
 
-async def complete(deps: GatewayDeps, session: Session | None, req: CompletionRequest) -> Completion:
-    """Serve a non-streamed call: n samples, parsed, recorded."""
-    call = prepare(deps, session, req)
+async def complete(deps: GatewayDeps, session: Session | None, req: CompletionRequest,
+                   call: PreparedCall | None = None) -> Completion:
+    """Serve a non-streamed call: n samples, parsed, recorded (`call`: already prepared)."""
+    if call is None:
+        call = prepare(deps, session, req)
     if req.n == 1:  # no gather: it would wrap the one call in a task of its own
         outs = [await deps.engine.generate(_engine_request(deps, call, 0))]
     else:

@@ -271,7 +271,7 @@ def _keyed(handler_name: str) -> Callable[[Request], Any]:
 
         wire = {"chat": gateway_app.OPENAI_CHAT, "responses": gateway_app.OPENAI_RESPONSES,
                 "messages": gateway_app.ANTHROPIC}[handler_name]
-        return await gateway_app.serve_completion(request, wire)  # the path's key decides
+        return await gateway_app.answer_completion(request, wire)  # the path's key decides
 
     endpoint.__name__ = f"keyed_{handler_name}"
     return endpoint

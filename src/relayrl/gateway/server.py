@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from relayrl.errors import ConfigError
 from relayrl.gateway.config import GatewayConfig
@@ -87,6 +88,75 @@ def ensure_admin_key(config: GatewayConfig,
     return replace(config, admin_key=key), path
 
 
+def _timed_h11_protocol(header_timeout_s: float, body_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with the timeouts uvicorn lacks: headers and body.
+
+    uvicorn only times out idle keep-alive connections, so a client that connects and sends
+    nothing, half a request line or half a body holds its connection (and a file descriptor)
+    forever. Here a request's line and headers must arrive within `header_timeout_s` of its first
+    byte (or of the connection), and a body may not pause longer than `body_timeout_s`; past
+    either, the connection is closed. A request being answered is never timed out.
+    """
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm(header_timeout_s)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            state = self.conn.their_state
+            if state is h11.SEND_BODY:  # an idle limit: every piece of body restarts it
+                self._arm(body_timeout_s)
+            elif state is h11.IDLE and not self.transport.is_closing():
+                if self._deadline is None:  # from the first byte of a request, never extended
+                    self._arm(header_timeout_s)
+            else:
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self, seconds: float) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(seconds, self._expire)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            self._deadline = None
+            if self.conn.their_state not in (h11.IDLE, h11.SEND_BODY) or self.transport.is_closing():
+                return
+            if self.conn.their_state is h11.IDLE and self.cycle is not None \
+                    and not self.cycle.response_complete:
+                return  # a request is being answered (pipelined bytes wait behind it)
+            if self.conn.their_state is h11.SEND_BODY and self.flow.read_paused:
+                self._arm(body_timeout_s)  # we stopped reading (the app is behind), not the client
+                return
+            self.transport.close()
+
+    return TimedH11Protocol
+
+
+def uvicorn_config(app: Any, config: GatewayConfig, host: str, port: int) -> Any:
+    """The uvicorn settings of a gateway: quiet logs, and header, body and keep-alive timeouts."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app, host=host, port=port, log_level="warning", access_log=False,
+        http=_timed_h11_protocol(config.header_timeout_s, config.body_timeout_s),
+        timeout_keep_alive=config.keep_alive_timeout_s,  # type: ignore[arg-type]  # float is fine
+    )
+
+
 def serve(config: GatewayConfig, admin_key_file: Path | None = None) -> None:
     """Serve until interrupted, printing the address once listening."""
     import uvicorn
@@ -100,8 +170,7 @@ def serve(config: GatewayConfig, admin_key_file: Path | None = None) -> None:
         )
     config, key_file = ensure_admin_key(config, admin_key_file)
     app = create_app(build_deps(config))
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
-                                           log_level="warning", access_log=False))
+    server = uvicorn.Server(uvicorn_config(app, config, config.host, config.port))
 
     async def run() -> None:
         task = asyncio.create_task(server.serve())
@@ -135,8 +204,7 @@ class GatewayThread:
 
         self.deps = deps
         self.app = create_app(deps)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port,
-                                                    log_level="warning", access_log=False))
+        self.server = uvicorn.Server(uvicorn_config(self.app, deps.config, host, port))
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self.host = host
         self._thread: threading.Thread | None = None

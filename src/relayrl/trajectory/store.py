@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from relayrl.errors import RelayError
+from relayrl.errors import InvalidRequest, RelayError, Unavailable
 from relayrl.trajectory.records import EventKind, from_log_dict
 from relayrl.trajectory.session import Session, SessionState
 
@@ -47,10 +47,17 @@ _COMPACT = (
 )
 
 
+BUSY_TIMEOUT_S = 0.2
+"""How long an append waits for a lock another process holds on the log before giving up with
+`Unavailable` (a 503): the append runs on the gateway's event loop, so a long wait would stall
+every session (SQLite's default is 5 s)."""
+
+
 class InteractionLog:
     """Append-only SQLite log of session events; a `SessionJournal` for `Session`."""
 
-    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL") -> None:
+    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL",
+                 busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ValueError(f"synchronous must be OFF, NORMAL, FULL or EXTRA, not {synchronous!r}")
         self.path = Path(path)
@@ -60,16 +67,27 @@ class InteractionLog:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._conn.execute(_SCHEMA)
+        # opening may wait SQLite's usual 5 s for a lock; serving calls may not
+        self._conn.execute(f"PRAGMA busy_timeout={max(0, int(busy_timeout_s * 1000))}")
         self._lock = threading.Lock()  # cheap insurance should a thread-pool route append
         self.skipped = 0
         """Entries the last `recover` could not decode or apply."""
 
     def append(self, session_id: str, kind: EventKind, body: dict[str, Any]) -> None:
         """Persist one event (one transaction); raises RelayError if it cannot."""
-        text = json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         try:
+            text = json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
             with self._lock:
                 self._conn.execute(_INSERT, (session_id, str(kind), text, time.time()))
+        except (ValueError, TypeError) as exc:
+            # NaN, or a lone surrogate SQLite cannot encode (UnicodeEncodeError is a ValueError):
+            # the event is refused whole, nothing was written
+            raise InvalidRequest(f"cannot record this event: {exc}") from None
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise Unavailable("the durable log is locked by another process; "
+                                  "try again shortly") from exc
+            raise RelayError(f"durable log write failed: {exc}") from exc
         except sqlite3.Error as exc:
             raise RelayError(f"durable log write failed: {exc}") from exc
 

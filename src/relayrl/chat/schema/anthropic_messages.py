@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import Discriminator, Field, StrictFloat, StrictInt, Tag
 
 from relayrl.chat.schema import WireModel
 
@@ -108,7 +108,7 @@ class ThinkingConfig(WireModel):
     """`thinking`: `enabled` (with `budget_tokens`), `disabled` or `adaptive`."""
 
     type: str
-    budget_tokens: int | None = None
+    budget_tokens: StrictInt | None = None
 
 
 class MessagesRequest(WireModel):
@@ -116,7 +116,7 @@ class MessagesRequest(WireModel):
 
     model: str = "default"
     messages: list[MessageParam]
-    max_tokens: int | None = None
+    max_tokens: StrictInt | None = None
     """Required by the spec; optional here so that its absence is a 400 we word ourselves."""
     container: Any = None
     metadata: dict[str, Any] | None = None
@@ -124,12 +124,12 @@ class MessagesRequest(WireModel):
     stop_sequences: list[str] | None = None
     stream: bool | None = None
     system: str | list[TextBlock] | None = None
-    temperature: float | None = None  # in the API reference; dropped from the anthropic 2.x SDK
+    temperature: StrictFloat | None = None  # in the API reference; dropped from the anthropic 2.x SDK
     thinking: ThinkingConfig | None = None
     tool_choice: ToolChoiceParam | None = None
     tools: list[ToolParam] | None = None
-    top_k: int | None = None  # in the API reference; dropped from the anthropic 2.x SDK
-    top_p: float | None = None  # in the API reference; dropped from the anthropic 2.x SDK
+    top_k: StrictInt | None = None  # in the API reference; dropped from the anthropic 2.x SDK
+    top_p: StrictFloat | None = None  # in the API reference; dropped from the anthropic 2.x SDK
     chat_template_kwargs: dict[str, Any] | None = None  # extension (as vLLM's Messages route)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import StrictFloat, StrictInt
+
 from relayrl.chat.schema import WireModel
 
 
@@ -117,12 +119,12 @@ class ChatCompletionRequest(WireModel):
     functions: list[Any] | None = None
     logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
-    max_completion_tokens: int | None = None
-    max_tokens: int | None = None
+    max_completion_tokens: StrictInt | None = None
+    max_tokens: StrictInt | None = None
     metadata: dict[str, Any] | None = None
     modalities: list[str] | None = None
     moderation: Any = None
-    n: int | None = None
+    n: StrictInt | None = None
     parallel_tool_calls: bool | None = None
     prediction: Any = None
     presence_penalty: float | None = None
@@ -132,21 +134,21 @@ class ChatCompletionRequest(WireModel):
     reasoning_effort: str | None = None
     response_format: ResponseFormat | None = None
     safety_identifier: str | None = None
-    seed: int | None = None
+    seed: StrictInt | None = None
     service_tier: str | None = None
     stop: str | list[str] | None = None
     store: bool | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    temperature: float | None = None
+    temperature: StrictFloat | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     tools: list[ToolSpec] | None = None
-    top_logprobs: int | None = None
-    top_p: float | None = None
+    top_logprobs: StrictInt | None = None
+    top_p: StrictFloat | None = None
     user: str | None = None
     verbosity: str | None = None
     web_search_options: Any = None
-    top_k: int | None = None  # extension (vLLM, SGLang): -1 or 0 turns top-k off
+    top_k: StrictInt | None = None  # extension (vLLM, SGLang): -1 or 0 turns top-k off
     chat_template_kwargs: dict[str, Any] | None = None  # extension (vLLM, SGLang)
     return_token_ids: bool | None = None  # extension (vLLM): answer with token_ids
     rollout_id: str | None = None  # extension (remote rollout protocol, seed 002)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import Discriminator, Field, StrictFloat, StrictInt, Tag
 
 from relayrl.chat.schema import WireModel
 
@@ -148,7 +148,7 @@ class ResponsesRequest(WireModel):
     conversation: Any = None
     include: list[str] | None = None
     instructions: str | None = None
-    max_output_tokens: int | None = None
+    max_output_tokens: StrictInt | None = None
     max_tool_calls: int | None = None
     metadata: dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -162,15 +162,15 @@ class ResponsesRequest(WireModel):
     store: bool | None = None
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None
-    temperature: float | None = None
+    temperature: StrictFloat | None = None
     text: TextConfig | None = None
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceObject | None = None
     tools: list[FunctionTool] | None = None
-    top_logprobs: int | None = None
-    top_p: float | None = None
+    top_logprobs: StrictInt | None = None
+    top_p: StrictFloat | None = None
     truncation: str | None = None
     user: str | None = None
-    top_k: int | None = None  # extension (vLLM)
+    top_k: StrictInt | None = None  # extension (vLLM)
     chat_template_kwargs: dict[str, Any] | None = None  # extension (vLLM, SGLang)
 
 
