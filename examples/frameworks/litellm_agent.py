@@ -14,8 +14,8 @@ from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download at import
 
-import litellm  # noqa: E402
-from mathtask import (  # noqa: E402
+import litellm
+from mathtask import (
     INSTRUCTIONS,
     TOOL_SCHEMAS,
     call_tool,

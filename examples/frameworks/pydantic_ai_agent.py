@@ -18,14 +18,14 @@ from pydantic_ai.usage import UsageLimits
 
 
 async def run(task: dict[str, Any], *, base_url: str, api_key: str, max_tokens: int = 64,
-              max_requests: int = 4) -> float:
+              max_turns: int = 4) -> float:
     """Answer the task's question; the reward is `check_answer` on the output."""
     model = OpenAIChatModel("default",
                             provider=OpenAIProvider(base_url=base_url + "/v1", api_key=api_key))
     agent = Agent(model, instructions=INSTRUCTIONS, tools=[add, multiply], retries=1)
     try:
         result = await agent.run(question(task), model_settings={"max_tokens": max_tokens},
-                                 usage_limits=UsageLimits(request_limit=max_requests))
+                                 usage_limits=UsageLimits(request_limit=max_turns))
     except (UnexpectedModelBehavior, UsageLimitExceeded):
         return 0.0  # malformed tool calls past the retries, or no answer within the limit
     return check_answer(str(result.output), task["answer"])

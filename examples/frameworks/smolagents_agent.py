@@ -39,11 +39,11 @@ def multiply(a: float, b: float) -> float:
 
 
 def solve(task: dict[str, Any], base_url: str, api_key: str, max_tokens: int,
-          max_steps: int) -> float:
+          max_turns: int) -> float:
     """The synchronous agent run."""
     model = OpenAIServerModel(model_id="default", api_base=base_url + "/v1", api_key=api_key,
                               max_tokens=max_tokens)
-    agent = ToolCallingAgent(tools=[add, multiply], model=model, max_steps=max_steps,
+    agent = ToolCallingAgent(tools=[add, multiply], model=model, max_steps=max_turns,
                              instructions=INSTRUCTIONS, verbosity_level=0)
     # Errors of the model's making (a bad tool call, no final answer) are logged into the
     # agent's memory and the run goes on; a failed model call raises AgentGenerationError.
@@ -51,9 +51,9 @@ def solve(task: dict[str, Any], base_url: str, api_key: str, max_tokens: int,
 
 
 async def run(task: dict[str, Any], *, base_url: str, api_key: str, max_tokens: int = 64,
-              max_steps: int = 3) -> float:
+              max_turns: int = 3) -> float:
     """Answer the task's question; the reward is `check_answer` on the final answer."""
-    return await asyncio.to_thread(solve, task, base_url, api_key, max_tokens, max_steps)
+    return await asyncio.to_thread(solve, task, base_url, api_key, max_tokens, max_turns)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,6 @@ async def test_the_agent_runs_on_the_real_model(framework: Framework,
                                                 zoo_real: ZooGateway) -> None:
     run = importlib.import_module(framework.module).run
     # short calls keep the suite quick; a truncated or wrong answer is still a valid episode
-    ep = await zoo_real.episode(run, task=TASK, max_tokens=24)
+    ep = await zoo_real.episode(run, task=TASK, max_tokens=24, max_turns=2)
     assert ep.reward in (0.0, 1.0)
     assert_trainable(ep)
