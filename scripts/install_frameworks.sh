@@ -10,4 +10,5 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv-camel/bin/python ]; then
   python -m venv --system-site-packages .venv-camel
 fi
-.venv-camel/bin/python -m pip install --quiet --disable-pip-version-check camel-ai==0.2.90
+# mcp<2: camel-ai imports mcp.server.FastMCP, which mcp 2 (in the main environment) moved
+.venv-camel/bin/python -m pip install --quiet --disable-pip-version-check camel-ai==0.2.90 mcp==1.30.0

@@ -18,7 +18,28 @@ from typing import Any
 from camel.agents import ChatAgent
 from camel.models import OpenAICompatibleModel
 from camel.toolkits import FunctionTool
+from camel.utils import BaseTokenCounter
 from mathtask import INSTRUCTIONS, add, check_answer, multiply, question
+
+
+class ByteCounter(BaseTokenCounter):
+    """A rough token count (UTF-8 bytes / 4) for CAMEL's context bookkeeping.
+
+    CAMEL's default counter loads a tiktoken encoding from the internet on first use; the gateway
+    does the exact counting with the policy's own tokenizer anyway.
+    """
+
+    def count_tokens_from_messages(self, messages: list[Any]) -> int:
+        """Approximate tokens in `messages`."""
+        return sum(len(str(m.get("content") or "").encode()) // 4 + 4 for m in messages)
+
+    def encode(self, text: str) -> list[int]:
+        """The UTF-8 bytes (CAMEL only counts them)."""
+        return list(text.encode())
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Inverse of `encode`."""
+        return bytes(token_ids).decode(errors="replace")
 
 
 def make_agent(model: OpenAICompatibleModel, max_turns: int) -> ChatAgent:
@@ -38,7 +59,8 @@ async def run(task: dict[str, Any], *, base_url: str, api_key: str, max_tokens: 
               max_turns: int = 3) -> float:
     """Proxy way: CAMEL's OpenAI-compatible model over HTTP."""
     model = OpenAICompatibleModel("default", model_config_dict={"max_tokens": max_tokens},
-                                  url=base_url + "/v1", api_key=api_key, max_retries=0)
+                                  url=base_url + "/v1", api_key=api_key, max_retries=0,
+                                  token_counter=ByteCounter())
     return await solve(make_agent(model, max_turns), task)
 
 
@@ -47,6 +69,7 @@ async def run_direct(task: dict[str, Any], client: Any, max_tokens: int = 64,
     """Direct way: `client` is a relayrl `DirectClient`, handed to CAMEL as its async client."""
     model = OpenAICompatibleModel("default", model_config_dict={"max_tokens": max_tokens},
                                   url="http://relayrl.direct/v1", api_key="unused",
+                                  token_counter=ByteCounter(),
                                   async_client=client)  # the sync client is never used
     return await solve(make_agent(model, max_turns), task)
 
