@@ -227,6 +227,19 @@ async def messages(request: Request) -> Any:
     return await serve_completion(request, ANTHROPIC, _session_id(request))
 
 
+async def count_tokens(request: Request) -> JSONResponse:
+    """Anthropic `count_tokens`: the prompt's length as this policy's template renders it."""
+    request.state.wire = ANTHROPIC
+    deps = _deps(request)
+    body = await read_json(request)
+    calling_session(deps, request, _session_id(request))  # the same keys as /v1/messages
+    if isinstance(body, dict):
+        body = {"max_tokens": 1, **body}  # its bodies carry no max_tokens; nothing is generated
+    req = _parse(deps, ANTHROPIC, body)
+    return JSONResponse({"input_tokens": len(deps.renders.render(deps.renderer,
+                                                                 req.conversation))})
+
+
 def _session_id(request: Request) -> str | None:
     # The completion routes are plain Starlette endpoints: FastAPI's per-request dependency
     # solving cost more than the rest of a short call. The id comes from the path, else (as
@@ -291,6 +304,7 @@ def create_app(deps: GatewayDeps) -> FastAPI:
         for path in ("/v1/responses", "/responses"):
             app.add_route(prefix + path, responses, methods=["POST"])
         app.add_route(prefix + "/v1/messages", messages, methods=["POST"])
+        app.add_route(prefix + "/v1/messages/count_tokens", count_tokens, methods=["POST"])
         app.add_api_route(prefix + "/v1/models", list_models, methods=["GET"])
     routes_rl.register(app)
     app.add_exception_handler(RelayError, _relay_error)
