@@ -9,12 +9,20 @@ hold the model's tokens under the loss mask. A wrong answer from the real model 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from mathtask import TASK
 
-from tests.frameworks.conftest import ZooGateway, assert_trainable, tool_result_reached_model
+from tests.frameworks.conftest import (
+    EXAMPLES,
+    ZooGateway,
+    assert_trainable,
+    tool_result_reached_model,
+)
 from tests.gateway.test_openai_chat import call
 
 
@@ -25,10 +33,28 @@ class Framework:
     module: str
     replies: tuple[str, ...]
 
+    def run(self) -> Callable[..., Awaitable[float]]:
+        """The example's agent, as `run(task, *, base_url, api_key, max_tokens, max_turns)`."""
+        if self.module == "math_agent":
+            return math_agent_run
+        return importlib.import_module(self.module).run
+
+
+async def math_agent_run(task: dict[str, Any], *, base_url: str, api_key: str,
+                         max_tokens: int = 64, max_turns: int = 4) -> float:
+    """examples/math_agent's MathAgent (openai-agents over Chat Completions), as it is."""
+    spec = importlib.util.spec_from_file_location("zoo_math_agent", MATH_AGENT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    agent = module.MathAgent(max_tokens=max_tokens, max_turns=max_turns)
+    return await agent.run(task, base_url=base_url + "/v1", api_key=api_key)
+
 
 ANSWER = "6 times 7 is 42."
 TOOL_THEN_ANSWER = (call("multiply", a=6, b=7), ANSWER)
 ZOO = [
+    Framework("math_agent", TOOL_THEN_ANSWER),
     Framework("openai_agents_responses", TOOL_THEN_ANSWER),
     Framework("langgraph_react", TOOL_THEN_ANSWER),
     Framework("anthropic_tools", TOOL_THEN_ANSWER),
@@ -42,12 +68,13 @@ ZOO = [
     Framework("aiohttp_agent", TOOL_THEN_ANSWER),
 ]
 IDS = [f.module for f in ZOO]
+MATH_AGENT = EXAMPLES.parent / "math_agent" / "agent.py"
 
 
 @pytest.mark.parametrize("framework", ZOO, ids=IDS)
 async def test_the_agent_calls_a_tool_and_its_answer_is_rewarded(framework: Framework,
                                                                  zoo_fake: ZooGateway) -> None:
-    run = importlib.import_module(framework.module).run
+    run = framework.run()
     zoo_fake.script.replies += list(framework.replies)
     ep = await zoo_fake.episode(run, task=TASK)
     assert ep.reward == 1.0
@@ -60,7 +87,7 @@ async def test_the_agent_calls_a_tool_and_its_answer_is_rewarded(framework: Fram
 @pytest.mark.parametrize("framework", ZOO, ids=IDS)
 async def test_the_agent_runs_on_the_real_model(framework: Framework,
                                                 zoo_real: ZooGateway) -> None:
-    run = importlib.import_module(framework.module).run
+    run = framework.run()
     # short calls keep the suite quick; a truncated or wrong answer is still a valid episode
     ep = await zoo_real.episode(run, task=TASK, max_tokens=24, max_turns=2)
     assert ep.reward in (0.0, 1.0)
