@@ -42,7 +42,7 @@ def solve(task: dict[str, Any], base_url: str, api_key: str, max_tokens: int,
           max_turns: int) -> float:
     """The synchronous agent run."""
     model = OpenAIServerModel(model_id="default", api_base=base_url + "/v1", api_key=api_key,
-                              max_tokens=max_tokens)
+                              client_kwargs={"max_retries": 0}, max_tokens=max_tokens)
     agent = ToolCallingAgent(tools=[add, multiply], model=model, max_steps=max_turns,
                              instructions=INSTRUCTIONS, verbosity_level=0)
     # Errors of the model's making (a bad tool call, no final answer) are logged into the
