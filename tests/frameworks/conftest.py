@@ -86,9 +86,9 @@ def zoo_real(model_dir: str) -> Iterator[ZooGateway]:
     gw.thread.stop()
 
 
-@pytest.fixture
-def zoo_fake(model_dir: str) -> Iterator[ZooGateway]:
-    """A scripted FakeEngine gateway, for the framework paths a 135M model rarely takes."""
+@pytest.fixture(scope="session")
+def zoo_fake_server(model_dir: str) -> Iterator[ZooGateway]:
+    """One scripted FakeEngine gateway for the whole run (each episode has its own session)."""
     script = Script()
     engine = FakeEngine(script, tokenizer_path=model_dir, context_length=8192)
     cfg = GatewayConfig(model=model_dir, engine="fake", admin_key=ADMIN, model_label="default")
@@ -96,6 +96,16 @@ def zoo_fake(model_dir: str) -> Iterator[ZooGateway]:
     gw.script = script
     yield gw
     gw.thread.stop()
+
+
+@pytest.fixture
+def zoo_fake(zoo_fake_server: ZooGateway) -> ZooGateway:
+    """The scripted gateway with an empty script and log, for the paths a 135M model rarely takes."""
+    assert zoo_fake_server.script is not None
+    zoo_fake_server.script.replies.clear()
+    zoo_fake_server.script.requests.clear()
+    zoo_fake_server.log.seen.clear()
+    return zoo_fake_server
 
 
 def assert_trainable(ep: Episode) -> None:

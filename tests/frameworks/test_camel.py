@@ -61,7 +61,8 @@ def test_camel_proxy_way_calls_a_tool_and_answers(zoo_fake: ZooGateway) -> None:
 @pytest.mark.slow
 def test_camel_proxy_way_on_the_real_model(zoo_real: ZooGateway) -> None:
     start = len(zoo_real.log.seen)
-    found = camel("--gateway", zoo_real.url, "--admin-key", ADMIN, "--max-tokens", "24", "--max-turns", "2")
+    found = camel("--gateway", zoo_real.url, "--admin-key", ADMIN, "--max-tokens", "24",
+                  "--max-turns", "1")
     errors = [s for s in zoo_real.log.seen[start:] if s[2] >= 400]
     assert not errors, errors
     rows = export(zoo_real, found[1])
@@ -70,6 +71,7 @@ def test_camel_proxy_way_on_the_real_model(zoo_real: ZooGateway) -> None:
 
 @pytest.mark.slow
 def test_camel_direct_way_with_a_relayrl_client_on_the_real_model() -> None:
-    found = camel("--direct", "--max-tokens", "24", "--max-turns", "2")  # its own in-process gateway app over the default model
+    # its own in-process gateway app over the default model: no HTTP server, no port
+    found = camel("--direct", "--max-tokens", "24", "--max-turns", "1")
     assert int(found[3]) >= 1 and int(found[4]) > 0
 
