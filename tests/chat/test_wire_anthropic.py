@@ -201,11 +201,11 @@ def test_the_system_prompt_and_redacted_thinking() -> None:
         ("user", "ok", None)]
 
 
-def test_a_system_turn_inside_messages_is_refused() -> None:
-    # Anthropic's API has no system role in messages: the system prompt is the top-level field
-    with pytest.raises(InvalidRequest, match="system") as info:
-        parse({"messages": [{"role": "system", "content": "sys"}, *USER]})
-    assert info.value.param == "messages.0.role"  # type: ignore[attr-defined]
+def test_a_system_turn_inside_messages_is_kept_in_place() -> None:
+    # Anthropic documents no system role in messages, but the Claude Code CLI sends one
+    req = parse({"messages": [{"role": "system", "content": "sys"}, *USER]})
+    assert [m.role for m in req.conversation.messages] == ["system", "user"]
+    assert req.conversation.messages[0].content == "sys"
 
 
 def test_thinking_disabled_turns_template_thinking_off() -> None:
@@ -271,7 +271,7 @@ BAD_REQUESTS = [
             {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1/x.png"}}]}]}]},
      "messages.0.content.0.content.0"),
     ({"messages": [{"role": "system", "content": [{"type": "image"}]}, *USER]},
-     "messages.0.role"),  # no system turns in messages at all (the top-level `system` is it)
+     "messages.0.0"),  # a system turn holds text only
 ]
 
 

@@ -163,3 +163,35 @@ async def _agent_at(url: str, session: AgentSession) -> None:
             "model": "policy", "max_tokens": 4,
             "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 200, r.text
+
+
+def test_a_sigterm_during_the_warm_start_still_stops_the_service(tmp_path: Path,
+                                                                 tiny_llama_dir: str,  # noqa: F811
+                                                                 model_dir: str) -> None:
+    """The trainer asks for its batches only after the warm-start; a stop before that counts."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "math_agent"))
+    from teacher import generate_traces
+
+    from relayrl.trajectory import read_jsonl
+
+    traces = tmp_path / "traces.jsonl"
+    generate_traces(model_dir, read_jsonl_items()[:4], 4, out_path=traces)
+    assert read_jsonl(traces)
+    port = _free_port()
+    config = _config(tmp_path, tiny_llama_dir, port,
+                     sft={"data": str(traces), "epochs": 40, "rows_per_step": 1})
+    svc = Service(config, port, tmp_path / "warm.log")
+    try:
+        status = svc.status()
+        assert status["trainer"]["batches"] == 0  # counters exist before the trainer asks
+        assert svc.stop(timeout_s=240) == 0
+    finally:
+        if svc.proc.poll() is None:
+            svc.proc.kill()
+
+
+def read_jsonl_items() -> list[dict[str, Any]]:
+    import json
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "math_agent" / "train.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]

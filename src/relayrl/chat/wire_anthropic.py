@@ -153,9 +153,11 @@ def _messages(body: MessagesRequest) -> tuple[Message, ...]:
     for i, turn in enumerate(body.messages):
         where = f"messages.{i}"
         if turn.role == "system":
-            # Anthropic's API has no system turns: the system prompt is the top-level `system`
-            raise invalid("messages take roles 'user' and 'assistant' only; put the system "
-                          "prompt in the top-level 'system' field", f"{where}.role")
+            # Anthropic documents only user and assistant turns, but the Claude Code CLI (and so
+            # the Claude Agent SDK) sends system turns inside `messages`: refusing them would
+            # break a real client, so they become system messages in place.
+            out.append(Message(role="system", content=_system_text(turn.content, where)))
+            continue
         if turn.role == "user":
             out.extend(_user_turn(turn, where, names))
         else:

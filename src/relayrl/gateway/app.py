@@ -229,6 +229,19 @@ async def messages(request: Request) -> Any:
     return await answer_completion(request, ANTHROPIC)
 
 
+async def count_tokens(request: Request) -> JSONResponse:
+    """Anthropic `count_tokens`: the prompt's length as this policy's template renders it."""
+    request.state.wire = ANTHROPIC
+    deps = _deps(request)
+    calling_session(deps, request)  # the same keys as /v1/messages, checked before the body
+    body = await read_json(request)
+    if isinstance(body, dict):
+        body = {"max_tokens": 1, **body}  # its bodies carry no max_tokens; nothing is generated
+    req = _parse(deps, ANTHROPIC, body)
+    return JSONResponse({"input_tokens": len(deps.renders.render(deps.renderer,
+                                                                 req.conversation))})
+
+
 async def list_models(request: Request) -> dict[str, Any]:
     """OpenAI-style model list: the policy being served."""
     deps = _deps(request)
@@ -325,6 +338,7 @@ def create_app(deps: GatewayDeps) -> FastAPI:
     for path in ("/v1/responses", "/responses"):
         app.add_route(path, responses, methods=["POST"])
     app.add_route("/v1/messages", messages, methods=["POST"])
+    app.add_route("/v1/messages/count_tokens", count_tokens, methods=["POST"])
     app.add_api_route("/v1/models", list_models, methods=["GET"])
     routes_rl.register(app)
     routes_rl_v1.register(app)

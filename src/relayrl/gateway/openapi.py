@@ -37,6 +37,7 @@ WIRE_BODIES: dict[str, type[BaseModel]] = {
     "/v1/responses": ResponsesRequest,
     "/responses": ResponsesRequest,
     "/v1/messages": MessagesRequest,
+    "/v1/messages/count_tokens": MessagesRequest,
 }
 """Completion routes (also under `/s/{session_key}`) and the schema of their request bodies."""
 

@@ -265,6 +265,13 @@ async def status(request: Request) -> dict[str, Any]:
     return result
 
 
+async def keyed_count_tokens(request: Request) -> Any:
+    """Anthropic `count_tokens` under a key-addressed base URL (Claude Code calls it)."""
+    from relayrl.gateway import app as gateway_app
+
+    return await gateway_app.count_tokens(request)  # the path's key decides
+
+
 def _keyed(handler_name: str) -> Callable[[Request], Any]:
     async def endpoint(request: Request) -> Any:
         from relayrl.gateway import app as gateway_app
@@ -300,3 +307,5 @@ def register(app: FastAPI) -> None:
         app.add_route(SESSION_PREFIX + path, _keyed("responses"), methods=["POST"])
     app.add_route(SESSION_PREFIX + "/v1/messages", _keyed("messages"), methods=["POST"])
     app.add_route(SESSION_PREFIX + "/v1/models", keyed_models, methods=["GET"])
+    app.add_route(SESSION_PREFIX + "/v1/messages/count_tokens", keyed_count_tokens,
+                  methods=["POST"])

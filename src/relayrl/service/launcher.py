@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from relayrl.gateway.server import GatewayThread, build_deps
 from relayrl.gateway.server import ensure_admin_key as gateway_admin_key
 from relayrl.launch.local import start_engine
 from relayrl.rollout import RolloutConfig
-from relayrl.rollout.external import ExternalSessionSource
+from relayrl.rollout.external import ExternalSessionSource, SourceCounters
 from relayrl.train.actor import Actor
 
 DRAIN_RETRY_S = 30.0
@@ -62,6 +62,9 @@ class ServiceServices:
     managed_server: Any = None
     source: ExternalSessionSource | None = None
     draining: bool = False
+    counters: SourceCounters = field(default_factory=SourceCounters)
+    """What the trainer's source has seen; exists from the start, so `/rl/v1/status` always
+    shows it (agents may finish sessions while the trainer still warm-starts)."""
 
     def __post_init__(self) -> None:
         v1 = state_of(self.gateway.app)
@@ -70,9 +73,8 @@ class ServiceServices:
 
     def status(self) -> dict[str, Any]:
         """The trainer's side of `/rl/v1/status`: steps, and what the source has seen."""
-        trainer = self.source.counters.as_dict() if self.source is not None else {}
         return {"trainer": {"step": self.actor.step, "version": self.actor.version,
-                            "draining": self.draining, **trainer}}
+                            "draining": self.draining, **self.counters.as_dict()}}
 
     def batches(self, workflow: Any, workflow_kwargs: dict[str, Any] | None,
                 dataset: Sequence[dict[str, Any]], rollout: RolloutConfig,
@@ -85,6 +87,9 @@ class ServiceServices:
             max_staleness=rollout.max_staleness, version_fn=version_fn,
             export_style=str(agent.export_style), credit=str(agent.credit),
             discount=agent.discount, group_wait_s=svc.group_wait_s, poll_s=svc.poll_s)
+        self.source.counters = self.counters
+        if self.draining:  # a stop that came before the trainer asked (during a warm-start)
+            self.source.stop()
         return self.source
 
     def stop(self) -> None:
