@@ -188,21 +188,19 @@ class AgentWorkflow(RolloutWorkflow):
         await self.client.set_reward(session, _reward(value, "agent.run's return value"))
 
     async def _release(self, session: SessionHandle) -> None:
-        """End and drop a session whose episode failed; survives its own cancellation."""
+        """Abort a session whose episode failed; survives its own cancellation."""
         task = asyncio.ensure_future(self._discard(session))
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
         await asyncio.shield(task)
 
     async def _discard(self, session: SessionHandle) -> None:
-        # the gateway has no abort route yet: ending + acknowledging frees the session without
-        # anything being exported from it (the controller counts the episode as aborted)
-        for step in (lambda: self.client.end_session(session),
-                     lambda: self.client.ack_export(session.session_id)):
-            try:
-                await step()
-            except Exception as e:  # already closed, gateway gone: nothing more to free
-                log.debug("releasing session %s: %s", session.session_id, e)
+        # Abort, never end + acknowledge: an acknowledged session keeps its staleness slot as if
+        # it had become training data, so each crash would eat into the budget for good.
+        try:
+            await self.client.abort_session(session.session_id)
+        except Exception as e:  # already closed, gateway gone: nothing more to free
+            log.debug("releasing session %s: %s", session.session_id, e)
 
     async def aclose(self) -> None:
         """Wait for session releases in flight, then stop the worker processes."""
