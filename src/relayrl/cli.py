@@ -40,6 +40,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         admin_key=args.admin_key,
         log_path=args.log,
         session_ttl_s=args.session_ttl,
+        ended_ttl_s=args.ended_ttl,
     )
     serve(config)
     return 0
@@ -109,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--admin-key", default=None, help="key for admin routes (required off loopback)")
     gw.add_argument("--log", default=None, help="SQLite log of every call (recovered on restart)")
     gw.add_argument("--session-ttl", type=float, default=3600.0, help="idle seconds before a session is aborted")
+    gw.add_argument("--ended-ttl", type=float, default=6 * 3600.0,
+                    help="idle seconds before an ended session nobody exported is aborted")
     gw.set_defaults(func=_cmd_gateway)
 
     tr = sub.add_parser("train", help="train an agent with RL (config YAML + dotted overrides)")

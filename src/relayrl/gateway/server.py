@@ -44,7 +44,8 @@ def build_deps(config: GatewayConfig, engine=None) -> GatewayDeps:
     if engine is None:
         engine = load_engine(config.engine, path)
     log = InteractionLog(config.log_path) if config.log_path else None
-    store = SessionStore(ttl_s=config.session_ttl_s, max_sessions=config.max_sessions, log=log)
+    store = SessionStore(ttl_s=config.session_ttl_s, max_sessions=config.max_sessions, log=log,
+                         ended_ttl_s=config.ended_ttl_s)
     if log is not None:
         store.adopt(log.recover())
     return GatewayDeps(config=config, renderer=renderer, engine=engine, store=store, log=log,
