@@ -43,6 +43,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         session_ttl_s=args.session_ttl,
         max_staleness=args.max_staleness,
         batch_size=args.batch_size,
+        ended_ttl_s=args.ended_ttl,
     )
     serve(config)
     return 0
@@ -151,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: no rule)")
     gw.add_argument("--batch-size", type=int, default=8,
                     help="sessions per training batch, for --max-staleness")
+    gw.add_argument("--ended-ttl", type=float, default=6 * 3600.0,
+                    help="idle seconds before an ended session nobody exported is aborted")
     gw.set_defaults(func=_cmd_gateway)
 
     tr = sub.add_parser("train", help="train an agent with RL (config YAML + dotted overrides)")

@@ -40,3 +40,15 @@ async def test_direct_client_streams_through_the_same_routes(app) -> None:
             model="m", messages=[{"role": "user", "content": "s"}], stream=True)
         text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         assert text == "first reply"
+
+
+async def test_closing_a_direct_client_frees_its_session(app) -> None:
+    store = app.state.deps.store
+    async with await DirectClient.open(app) as exported:
+        await exported.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}])
+        await exported.export_interactions()
+    async with await DirectClient.open(app) as abandoned:
+        await abandoned.chat.completions.create(model="m", messages=[{"role": "user", "content": "b"}])
+    # the exported rows went to the caller: acknowledged; the other was never taken: aborted
+    assert len(store) == 1 and [s.state for s in store] == ["aborted"]
+    assert store.stats()["exported_total"] == 1 and store.stats()["aborted_total"] == 1

@@ -94,7 +94,8 @@ def test_error_status_aborts_and_releases_the_session(gw: FakeGateway) -> None:
             run_episode(gw, server.url)
     finally:
         server.stop()
-    assert len(gw.deps.store) == 0 and not gw.script.requests
+    # aborted (never trained; its capacity goes back), kept until its TTL passes
+    assert [str(s.state) for s in gw.deps.store] == ["aborted"] and not gw.script.requests
 
 
 def test_unreachable_server_fails_the_episode(gw: FakeGateway) -> None:

@@ -215,4 +215,52 @@ def test_counters_report_sessions_by_state() -> None:
     store.start_session()
     a.abort()
     assert store.stats() == {"submitted": 2, "open": 1, "ended": 0, "exported": 0,
-                                "aborted": 1}
+                             "aborted": 1, "aborted_total": 0, "expired_total": 0,
+                             "exported_total": 0}  # a.abort() bypassed the store's count
+
+
+def test_ended_sessions_nobody_exports_expire_as_aborted_and_are_then_forgotten() -> None:
+    clock = Clock()
+    store = SessionStore(ttl_s=60, ended_ttl_s=600, clock=clock)
+    store.grant_capacity(version=0, max_staleness=0, batch_size=2)
+    ended = store.start_session()
+    three_turn_session(ended)
+    ended.end()
+    assert store.grant_capacity(0, 0, 2) == 1
+    clock.t += 300  # past the open TTL, not the ended one: still waiting for a trainer
+    assert store.expire() == [] and ended.state == SessionState.ENDED
+    clock.t += 301
+    assert store.expire() == [ended] and ended.state == SessionState.ABORTED
+    assert store.grant_capacity(0, 0, 2) == 2  # its slot came back
+    assert ended.id in store  # a late caller still learns it closed ...
+    clock.t += 61
+    store.expire()
+    assert ended.id not in store and len(store) == 0  # ... then it is forgotten
+    assert store.stats()["aborted_total"] == 1 and store.stats()["expired_total"] == 1
+
+
+def test_a_store_full_of_ended_sessions_admits_again_after_their_ttl() -> None:
+    clock = Clock()
+    store = SessionStore(ttl_s=60, ended_ttl_s=120, max_sessions=2, clock=clock)
+    for _ in range(2):
+        store.start_session().end()  # e.g. DirectClient sessions exported but never acknowledged
+    with pytest.raises(CapacityExhausted, match="full"):
+        store.start_session()
+    clock.t += 121
+    store.start_session()
+    assert len(store) == 1
+
+
+def test_aborted_sessions_are_forgotten_a_ttl_after_they_closed() -> None:
+    clock = Clock()
+    store = SessionStore(ttl_s=60, clock=clock)
+    s = store.start_session()
+    clock.t += 50
+    store.abort(s.id)
+    clock.t += 50  # 100 s after its last call, 50 s after it closed
+    store.expire()
+    assert s.id in store
+    clock.t += 11
+    store.expire()
+    assert s.id not in store
+    assert store.stats()["aborted_total"] == 1 and store.stats()["expired_total"] == 0

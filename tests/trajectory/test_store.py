@@ -196,3 +196,22 @@ def test_the_log_is_in_wal_mode(tmp_path: Path) -> None:
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     db.close()
     assert os.path.exists(path)
+
+
+def test_a_restart_after_compaction_recovers_exactly_the_unacknowledged_sessions(
+        tmp_path: Path) -> None:
+    path = tmp_path / "log.sqlite"
+    with InteractionLog(path) as log:
+        store = SessionStore(log=log)
+        sessions = _populate(store)  # ended, open, exported, aborted
+        acked = store.start_session(task_id="acked")
+        three_turn_session(acked)
+        acked.end()
+        store.acknowledge(acked.id)
+        expected = _snapshot(sessions[:2])
+        kept_events = len(log) - log.compact()
+    got = _recover_in_subprocess(path)
+    assert got["skipped"] == 0 and got["sessions"] == expected
+    with InteractionLog(path) as log:
+        assert len(log) == kept_events
+        assert sorted(s.task_id or "" for s in log.recover(include_closed=True)) == ["t-1", "t-2"]

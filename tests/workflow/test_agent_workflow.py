@@ -180,3 +180,24 @@ async def test_an_agent_waits_for_capacity_then_aborts_when_none_comes(model_dir
         assert [s.task_id for s in tight.deps.store] == ["holder"]  # it opened nothing
     finally:
         tight.thread.stop()
+
+
+@pytest.mark.parametrize("mode", ["inline", "subprocess"])
+async def test_a_crashing_agent_gives_its_capacity_back(model_dir, mode) -> None:
+    # batch 2, staleness 0 at version 0: two sessions may run; a failed one must not use one up
+    tight = fake_gateway(model_dir, batch_size=2, max_staleness=0)
+    try:
+        async with SessionClient(tight.url, ADMIN) as client:
+            before = await client.grant_capacity()
+            wf = AgentWorkflow(CrashingAgent(), client,
+                               AgentConfig(mode=mode, subproc_max_workers=1))
+            try:
+                out = await run_episode(wf, None, DATA, _ctx())
+            finally:
+                await wf.aclose()
+            assert out.status == EpisodeStatus.ABORTED
+            assert before == 2 and await client.grant_capacity() == before
+        states = [s.state for s in tight.deps.store]
+        assert states == [SessionState.ABORTED]  # aborted, not journaled as exported
+    finally:
+        tight.thread.stop()

@@ -4,6 +4,8 @@ For agents that accept a client object (seed 000's "direct approach"): no networ
 every call goes through the same routes, renderer and session as over HTTP. The OpenAI client is
 wrapped, not subclassed; attribute access (`.chat`, `.responses`, `.models`) is delegated to it.
 Tradeoff: the ASGI transport buffers each response, so a streamed reply arrives all at once.
+Closing the client frees its session on the gateway: acknowledged when its rows were exported
+(the caller has them), aborted otherwise, so sessions never pile up in a long-lived app.
 
 openai (and httpx2, the HTTP client it is built on and requires) are imported when a
 `DirectClient` is made, so `import relayrl.client` works without the `agents` extra.
@@ -20,7 +22,7 @@ from typing import Any
 import httpx
 
 from relayrl.client.session_client import SessionClient, SessionHandle
-from relayrl.errors import SessionClosed
+from relayrl.errors import RelayError, SessionClosed
 from relayrl.trajectory import DEFAULT_CREDIT_RULE, DEFAULT_EXPORT_STYLE
 
 _BASE = "http://relayrl.direct"
@@ -41,6 +43,7 @@ class DirectClient:
                                        timeout=None)
         self.openai = AsyncOpenAI(base_url=f"{_BASE}/v1", api_key=session.api_key,
                                   http_client=self._http, max_retries=0)
+        self._exported = False
 
     @classmethod
     async def open(cls, app: Any, task_id: str | None = None,
@@ -68,11 +71,16 @@ class DirectClient:
         """End the session and return its rows (idempotent until acknowledged)."""
         with contextlib.suppress(SessionClosed):  # already ended is fine
             await self._admin.end_session(self.session)
-        return await self._admin.export(self.session.session_id, style=style, credit=credit,
+        rows = await self._admin.export(self.session.session_id, style=style, credit=credit,
                                         discount=discount)
+        self._exported = True
+        return rows
 
     async def aclose(self) -> None:
-        """Close the HTTP clients."""
+        """Free the session (acknowledged if exported, else aborted); close the HTTP clients."""
+        release = self._admin.ack_export if self._exported else self._admin.abort_session
+        with contextlib.suppress(RelayError):  # already freed (or expired): nothing to do
+            await release(self.session.session_id)
         await self.openai.close()
         await self._admin.http.aclose()
 

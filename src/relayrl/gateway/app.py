@@ -37,6 +37,7 @@ from relayrl.gateway.core import (
     prepare_async,
 )
 from relayrl.gateway.guard import Guard
+from relayrl.gateway.upkeep import Upkeep
 from relayrl.gateway.wires import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Wire
 from relayrl.trajectory import Session
 
@@ -310,12 +311,17 @@ async def _not_found(request: Request, exc: Exception) -> JSONResponse:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     deps: GatewayDeps = app.state.deps
     period = min(30.0, max(0.5, deps.config.session_ttl_s / 4))
+    upkeep = Upkeep(deps.store, deps.log, compact_after_closed=deps.config.compact_after_closed,
+                    compact_every_s=deps.config.compact_every_s)
+    app.state.upkeep = upkeep
 
     async def expire_idle() -> None:
         while True:  # runs for the app's lifetime; cancelled at shutdown
             await asyncio.sleep(period)
-            for s in deps.store.expire():
-                log.info("session %s idle past its TTL: aborted", s.id)
+            try:
+                await upkeep.tick()
+            except Exception:  # a failed compaction must not stop expiry for good
+                log.exception("gateway upkeep failed; trying again in %.1f s", period)
 
     task = asyncio.create_task(expire_idle())
     try:

@@ -16,7 +16,10 @@ class GatewayConfig:
     port: int = 8000
     admin_key: str | None = None          # required to bind off loopback
     log_path: str | None = None           # SQLite log; a restart on the same file recovers sessions
-    session_ttl_s: float = 3600.0         # idle seconds before a session is aborted
+    session_ttl_s: float = 3600.0         # idle seconds before an open session is aborted
+    ended_ttl_s: float = 6 * 3600.0       # idle seconds before an ended, never-exported session is aborted
+    compact_after_closed: int = 1000      # closed sessions that trigger a durable-log compaction
+    compact_every_s: float = 600.0        # ... or seconds since the last one, if any closed
     max_sessions: int = 10_000            # live sessions kept in memory (exported ones go first)
     max_body_bytes: int = 8 << 20         # larger request bodies get a 413
     default_max_tokens: int = 1024        # when a request names no limit (clamped to the context)

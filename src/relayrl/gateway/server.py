@@ -50,8 +50,10 @@ def build_deps(config: GatewayConfig, engine=None) -> GatewayDeps:
         extra = {"url": config.engine_url} if config.engine in ("vllm", "sglang") else {}
         engine = load_engine(config.engine, path, **extra)
     log = InteractionLog(config.log_path) if config.log_path else None
-    store = SessionStore(ttl_s=config.session_ttl_s, max_sessions=config.max_sessions, log=log)
+    store = SessionStore(ttl_s=config.session_ttl_s, max_sessions=config.max_sessions, log=log,
+                         ended_ttl_s=config.ended_ttl_s)
     if log is not None:
+        log.compact()  # what closed before the restart never comes back: start from a small log
         store.adopt(log.recover())
     return GatewayDeps(config=config, renderer=renderer, engine=engine, store=store, log=log,
                        model_label=config.model_label or config.model)

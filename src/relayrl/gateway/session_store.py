@@ -3,7 +3,10 @@ staleness rule (`relayrl.trajectory.staleness.StalenessGate`, counted in session
 `grant_capacity`.
 
 Aborted sessions give their slot back (as the rollout controller's groups do); exported
-sessions keep it (they became training rows). `trajectory` keeps what a session *is* (`Session`,
+sessions keep it (they became training rows). Every state has a bounded lifetime, so a gateway
+that runs for days under any client holds a bounded number of sessions: open ones idle past
+`ttl_s` and ended-but-unexported ones idle past `ended_ttl_s` are aborted, and closed ones
+(exported or aborted) are forgotten `ttl_s` after they closed. `trajectory` keeps what a session *is* (`Session`,
 its tree, records, credit, export); this module keeps what the gateway needs to serve many.
 
 May import: `relayrl.errors` and `relayrl.trajectory` (no FastAPI, no engine, no torch).
@@ -26,9 +29,13 @@ from relayrl.trajectory.staleness import StalenessGate
 class SessionStore:
     """Live sessions, bounded in number, with idle expiry, key lookup and the staleness rule.
 
-    Idle OPEN sessions expire after `ttl_s` and become ABORTED (never a zero reward). When full,
-    expired, exported and aborted sessions are evicted first; if every slot still holds a session
-    with unexported calls, `start_session` refuses (CapacityExhausted) rather than drop data.
+    Idle OPEN sessions expire after `ttl_s` and become ABORTED (never a zero reward); ENDED
+    sessions nobody exported expire the same way after `ended_ttl_s` (a trainer collects them
+    within seconds, so this only catches sessions no trainer will take). Closed sessions stay
+    `ttl_s` after closing (a late caller learns the session closed) and are then forgotten. When
+    full, expired, exported and aborted sessions are evicted first; if every slot still holds a
+    session with unexported calls, `start_session` refuses (CapacityExhausted) rather than drop
+    data.
     """
 
     def __init__(
@@ -37,10 +44,12 @@ class SessionStore:
         max_sessions: int = 10_000,
         log: SessionJournal | None = None,
         clock: Callable[[], float] = time.time,
+        ended_ttl_s: float = 6 * 3600.0,
     ) -> None:
-        if ttl_s <= 0 or max_sessions <= 0:
-            raise InvalidRequest("ttl_s and max_sessions must be > 0")
+        if ttl_s <= 0 or max_sessions <= 0 or ended_ttl_s <= 0:
+            raise InvalidRequest("ttl_s, ended_ttl_s and max_sessions must be > 0")
         self.ttl_s = ttl_s
+        self.ended_ttl_s = ended_ttl_s
         self.max_sessions = max_sessions
         self.log = log
         self._clock = clock
@@ -50,6 +59,8 @@ class SessionStore:
         # acknowledged (accepted); the rule's parameters come with each grant_capacity.
         self.gate = StalenessGate(batch_size=1, max_staleness=0)
         self._version: int | None = None  # None: no staleness rule given yet
+        # Totals since start: closed sessions are forgotten, so their count lives here.
+        self.totals: Counter[str] = Counter()
 
     @property
     def submitted(self) -> int:
@@ -159,16 +170,31 @@ class SessionStore:
         self._by_key.pop(session.key_hash, None)
 
     def expire(self, now: float | None = None) -> list[Session]:
-        """Abort OPEN sessions idle for longer than the TTL; returns them.
+        """Abort sessions idle past their state's TTL and forget long-closed ones; returns the
+        aborted ones.
 
-        A plain scan: the gateway calls it every few seconds and on a full store; 10k sessions
-        take about a millisecond, less than an ordered index would cost to keep exact.
+        OPEN: `ttl_s`; ENDED (never exported): `ended_ttl_s`; EXPORTED or ABORTED: forgotten
+        `ttl_s` after they closed. A plain scan: the gateway calls it every few seconds and on a
+        full store; 10k sessions take a few milliseconds, less than an ordered index would cost
+        to keep exact.
         """
         now = self._clock() if now is None else now
-        expired = [s for s in self._sessions.values()
-                   if s.state == SessionState.OPEN and s.last_active + self.ttl_s < now]
+        expired: list[Session] = []
+        gone: list[str] = []
+        for s in self._sessions.values():
+            if s.state == SessionState.OPEN:
+                if s.last_active + self.ttl_s < now:
+                    expired.append(s)
+            elif s.state == SessionState.ENDED:
+                if s.last_active + self.ended_ttl_s < now:
+                    expired.append(s)
+            elif s.last_active + self.ttl_s < now:
+                gone.append(s.id)
+        for sid in gone:
+            self.remove(sid)
         for s in expired:
             self.abort(s.id)
+            self.totals["expired"] += 1
         return expired
 
     def abort(self, session_id: str) -> Session:
@@ -180,7 +206,9 @@ class SessionStore:
         session = self.get(session_id, touch=False)
         if session.state in (SessionState.OPEN, SessionState.ENDED):
             session.abort()
+            session.touch(self._clock())  # the closed-session retention counts from now
             self.gate.finish(accepted=False)
+            self.totals["aborted"] += 1
         return session
 
     def acknowledge(self, session_id: str) -> None:
@@ -193,6 +221,7 @@ class SessionStore:
         session.mark_exported()  # journaled, so a restart will not bring it back; 409 if aborted
         if counted:
             self.gate.finish(accepted=True)
+            self.totals["exported"] += 1
         self.remove(session_id)
 
     def _make_room(self) -> None:
@@ -212,10 +241,11 @@ class SessionStore:
             )
 
     def stats(self) -> dict[str, int]:
-        """Sessions by state, plus `submitted`."""
+        """Sessions held, by state, plus `submitted` and totals since start (`*_total`)."""
         by_state = Counter(str(s.state) for s in self._sessions.values())
+        totals = {f"{k}_total": self.totals.get(k, 0) for k in ("aborted", "expired", "exported")}
         return {"submitted": self.submitted, **{str(st): by_state.get(str(st), 0)
-                                                  for st in SessionState}}
+                                                  for st in SessionState}, **totals}
 
 
 __all__ = ["SessionStore"]

@@ -182,7 +182,7 @@ class AgentWorkflow(RolloutWorkflow):
         await self.client.set_reward(session, _reward(value, "agent.run's return value"))
 
     async def _release(self, session: SessionHandle) -> None:
-        """End and drop a session whose episode failed; survives its own cancellation."""
+        """Abort a session whose episode failed; survives its own cancellation."""
         task = asyncio.ensure_future(self._discard(session))
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)

@@ -42,14 +42,13 @@ async def open_episode_session(client: SessionClient, ctx: EpisodeContext, wait_
 
 
 async def discard_session(client: SessionClient, session: SessionHandle) -> None:
-    """End and acknowledge a failed episode's session; errors (already closed, gone) are logged."""
-    # ending + acknowledging frees the session without anything being exported from it
-    for step in (lambda: client.end_session(session),
-                 lambda: client.ack_export(session.session_id)):
-        try:
-            await step()
-        except Exception as e:  # already closed, gateway gone: nothing more to free
-            log.debug("releasing session %s: %s", session.session_id, e)
+    """Abort a failed episode's session; errors (already closed, gone) are logged."""
+    # Abort, never end + acknowledge: an acknowledged session keeps its staleness slot as if
+    # it had become training data, so each crash would eat into the budget for good.
+    try:
+        await client.abort_session(session.session_id)
+    except Exception as e:  # already closed, gateway gone: nothing more to free
+        log.debug("releasing session %s: %s", session.session_id, e)
 
 
 

@@ -1,0 +1,57 @@
+"""The gateway's upkeep: the durable log is compacted on its own as sessions close."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+
+from relayrl.trajectory import InteractionLog
+
+from .conftest import ADMIN, fake_gateway
+
+
+def _one_call(url: str, key: str, text: str) -> None:
+    r = httpx.post(url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                   json={"model": "m", "messages": [{"role": "user", "content": text}]})
+    r.raise_for_status()
+
+
+def test_the_log_is_compacted_as_sessions_close_and_a_restart_keeps_the_rest(
+        model_dir: str, tmp_path: Path) -> None:
+    path = tmp_path / "log.sqlite"
+    # a short TTL makes the upkeep loop tick every 2 s; two closed sessions trigger compaction
+    g = fake_gateway(model_dir, str(path), session_ttl_s=8.0, compact_after_closed=2)
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    try:
+        sessions = [g.start_session(task_id=f"t{i}") for i in range(4)]
+        for s in sessions:
+            _one_call(g.url, s["api_key"], s["session_id"])
+        with httpx.Client(base_url=g.url, headers=admin) as c:
+            ended = sessions[3]
+            httpx.post(g.url + "/rl/end_session", headers={
+                "authorization": f"Bearer {ended['api_key']}"}).raise_for_status()
+            c.post("/export_trajectories", json={"session_id": sessions[0]["session_id"],
+                                                 "ack": True}).raise_for_status()
+            c.post("/rl/abort_session",
+                   json={"session_id": sessions[1]["session_id"]}).raise_for_status()
+        upkeep = g.thread.app.state.upkeep
+        deadline = time.monotonic() + 10
+        while upkeep.compactions == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert upkeep.compactions == 1
+        with InteractionLog(path) as log:
+            # only the open and the ended session's events are left
+            assert {s.id for s in log.recover(include_closed=True)} == {
+                sessions[2]["session_id"], ended["session_id"]}
+    finally:
+        g.thread.stop()
+    # a restart on the compacted log: exactly the unacknowledged sessions come back
+    g2 = fake_gateway(model_dir, str(path))
+    try:
+        assert {s.id: str(s.state) for s in g2.deps.store} == {
+            sessions[2]["session_id"]: "open", ended["session_id"]: "ended"}
+        assert all(len(s.interactions) == 1 for s in g2.deps.store)
+    finally:
+        g2.thread.stop()
