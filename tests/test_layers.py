@@ -18,7 +18,7 @@ LAYERS: list[set[str]] = [
     {"chat"},
     {"trajectory"},
     {"engine"},
-    {"gateway"},
+    {"gateway", "viewer"},  # the viewer is mounted on the gateway app
     {"client"},
     {"workflow"},
     {"rollout"},

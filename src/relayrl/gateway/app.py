@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from relayrl import viewer
 from relayrl.chat.completion import CompletionRequest
 from relayrl.errors import InvalidRequest, RelayError, SessionClosed
 from relayrl.gateway import rollout_callback, routes_rl, routes_rl_v1
@@ -275,6 +276,7 @@ def create_app(deps: GatewayDeps) -> FastAPI:
         app.add_api_route(prefix + "/v1/models", list_models, methods=["GET"])
     routes_rl.register(app)
     routes_rl_v1.register(app)
+    app.mount("/view", viewer.for_gateway(deps))  # relayrl view: watch sessions live
     app.add_exception_handler(RelayError, _relay_error)
     app.add_exception_handler(Exception, _relay_error)
     app.add_exception_handler(404, _not_found)
