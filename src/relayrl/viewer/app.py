@@ -120,11 +120,19 @@ def create_view_app(
             return _error(404, f"no static file {name!r}")
         return Response(_static(name), media_type=STATIC_FILES[name])
 
+    live = bool(getattr(source, "live", False))
+
+    async def all_sessions() -> list[Any]:
+        # a live gateway's sessions change on its event loop: never iterate them from a thread
+        if live:
+            return await source.asessions()  # type: ignore[attr-defined]
+        return await asyncio.to_thread(source.sessions)
+
     async def api_sessions(request: Request) -> Response:
         if not allowed(request):
             return _error(401, "needs the admin key")
         q = request.query_params
-        sessions = await asyncio.to_thread(source.sessions)
+        sessions = await all_sessions()
         body = list_sessions(sessions, min_reward=_float(request, "min_reward"),
                              max_reward=_float(request, "max_reward"), state=q.get("state"),
                              abort=q.get("abort_reason"), branch=q.get("branch_reason"))
@@ -134,10 +142,12 @@ def create_view_app(
         if not allowed(request):
             return _error(401, "needs the admin key")
         sid = request.path_params["session_id"]
-        sessions = await asyncio.to_thread(source.sessions)
+        sessions = await all_sessions()
         found = next((s for s in sessions if s.id == sid), None)
         if found is None:
             return _error(404, f"no session {sid!r}")
+        if live:  # on the loop, so a call recorded meanwhile cannot change it mid-export
+            return JSONResponse(episode_detail(found, decode))
         return JSONResponse(await asyncio.to_thread(episode_detail, found, decode))
 
     async def api_metrics(request: Request) -> Response:

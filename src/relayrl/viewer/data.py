@@ -11,10 +11,12 @@ May import: `relayrl.trajectory`, `relayrl.errors` (no torch, no gateway).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import sqlite3
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -40,10 +42,13 @@ class SessionSource(Protocol):
 
 
 class LogSource:
-    """Sessions replayed from a durable log (`sessions.db`), re-read only when it grew."""
+    """Sessions replayed from a durable log (`sessions.db`), re-read only when it changed, and
+    at most every `min_interval_s` (a replay costs time proportional to the whole log)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, min_interval_s: float = 0.0) -> None:
         self.path = Path(path)
+        self.min_interval_s = min_interval_s
+        self._read_at = float("-inf")
         self._seen: int | None = None
         self._sessions: list[Session] = []
         self._lock = threading.Lock()
@@ -62,6 +67,8 @@ class LogSource:
         if not self.path.is_file():
             return []
         with self._lock:
+            if time.monotonic() - self._read_at < self.min_interval_s:
+                return list(self._sessions)
             try:
                 mark = self._last_seq()
             except sqlite3.Error:
@@ -73,23 +80,37 @@ class LogSource:
                 finally:
                     log.close()
                 self._seen = mark
+                self._read_at = time.monotonic()
             return list(self._sessions)
 
 
 class StoreSource:
-    """A live gateway's sessions: those in memory, then those only its durable log still holds."""
+    """A live gateway's sessions: those in memory, then those only its durable log still holds
+    (exported or aborted ones the store let go; the log is replayed at most every
+    `log_interval_s`, so a page left open does not load a busy gateway)."""
 
-    def __init__(self, store: Iterable[Session], log_path: str | Path | None = None) -> None:
+    def __init__(self, store: Iterable[Session], log_path: str | Path | None = None,
+                 log_interval_s: float = 15.0) -> None:
         self.store = store
-        self.log = LogSource(log_path) if log_path else None
+        self.log = LogSource(log_path, log_interval_s) if log_path else None
+
+    live = True
+    """Its sessions change under the gateway's event loop: read them on that loop, not a thread."""
 
     def sessions(self) -> list[Session]:
         """Live sessions first; logged ones the store no longer holds after them."""
+        return self._merge(list(self.store), self.log.sessions() if self.log else [])
+
+    async def asessions(self) -> list[Session]:
+        """`sessions`, from the event loop: the store is read there, the log in a thread."""
         live = list(self.store)
-        if self.log is None:
-            return live
+        logged = await asyncio.to_thread(self.log.sessions) if self.log else []
+        return self._merge(live, logged)
+
+    @staticmethod
+    def _merge(live: list[Session], logged: list[Session]) -> list[Session]:
         ids = {s.id for s in live}
-        return live + [s for s in self.log.sessions() if s.id not in ids]
+        return live + [s for s in logged if s.id not in ids]
 
 
 def _num(x: float | None) -> float | None:
