@@ -25,6 +25,8 @@ TORCH_FREE = [
     "relayrl.gateway",
     "relayrl.gateway.app",
     "relayrl.gateway.server",
+    "relayrl.viewer",
+    "relayrl.viewer.app",
     "relayrl.client",
     "relayrl.workflow",
     "relayrl.rollout",
@@ -41,6 +43,7 @@ PACKAGES = [
     "relayrl.rollout",
     "relayrl.train",
     "relayrl.trajectory",
+    "relayrl.viewer",
     "relayrl.workflow",
 ]
 
