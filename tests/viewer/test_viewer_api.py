@@ -94,6 +94,8 @@ def test_a_finished_run_is_listed_filtered_and_decoded(model_dir: str, tmp_path:
         # an aborted episode is still shown (it is what one debugs), just never trained on
         assert c.get(f"/view/api/sessions/{ids['aborted']}").json()["rows"]
         assert c.get("/view/api/sessions/nope").status_code == 404
+        r = c.get("/view/api/nope")
+        assert r.status_code == 404 and r.json()["error"]["type"] == "viewer_error"
         metrics = c.get("/view/api/metrics").json()
         assert metrics["records"] == [{"step": 1, "reward_mean": 0.5}]
         assert c.get("/view/static/../app.py").status_code == 404

@@ -157,7 +157,10 @@ def create_view_app(
         records: list[dict[str, Any]] = await asyncio.to_thread(read_metrics, path)
         return JSONResponse({"path": None if path is None else str(path), "records": records})
 
-    return Starlette(routes=[
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _error(404, f"no viewer route {request.url.path}")
+
+    return Starlette(exception_handlers={404: not_found, 405: not_found}, routes=[
         Route("/", page),
         Route("/static/{name}", static),
         Route("/api/sessions", api_sessions),
