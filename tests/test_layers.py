@@ -18,7 +18,7 @@ LAYERS: list[set[str]] = [
     {"chat"},
     {"trajectory"},
     {"engine"},
-    {"gateway"},
+    {"gateway", "viewer"},  # the viewer is mounted on the gateway app
     {"router"},  # HTTP in front of gateways; imports chat (error bodies) only
     {"client"},
     {"workflow"},

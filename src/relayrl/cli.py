@@ -114,6 +114,13 @@ def _cmd_router(args: argparse.Namespace) -> int:
     return int(router_main(rest))
 
 
+def _cmd_view(args: argparse.Namespace) -> int:
+    from relayrl.viewer import main as view_main
+
+    rest = args.args[1:] if args.args[:1] == ["--"] else args.args
+    return int(view_main(rest))
+
+
 def _cmd_chat(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -200,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("args", nargs=argparse.REMAINDER)
     rt.set_defaults(func=_cmd_router)
 
+    vw = sub.add_parser("view", add_help=False,
+                        help="watch a finished run's episodes in a browser (a live gateway "
+                        "serves the same page at /view); `relayrl view --help` lists its flags")
+    vw.add_argument("args", nargs=argparse.REMAINDER)
+    vw.set_defaults(func=_cmd_view)
+
     ch = sub.add_parser("chat", help="answer a prompt with a trained checkpoint")
     ch.add_argument("prompt")
     ch.add_argument("--checkpoint", default=None, help="a checkpoint (HF) directory")
@@ -216,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `relayrl` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] in (["rollout-server"], ["router"]):  # own parsers: flags pass through
+    if argv[:1] in (["rollout-server"], ["router"], ["view"]):  # own parsers: flags pass through
         argv = [argv[0], "--", *argv[1:]]
     args = build_parser().parse_args(argv)
     try:

@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from relayrl import viewer
 from relayrl.chat.completion import CompletionRequest
 from relayrl.errors import InvalidRequest, RelayError, SessionClosed
 from relayrl.gateway import openapi, rollout_callback, routes_rl, routes_rl_v1
@@ -348,6 +349,7 @@ def create_app(deps: GatewayDeps) -> FastAPI:
     app.add_api_route("/v1/models", list_models, methods=["GET"])
     routes_rl.register(app)
     routes_rl_v1.register(app)
+    app.mount("/view", viewer.for_gateway(deps))  # relayrl view: watch sessions live
     openapi.install(app)
     app.add_middleware(Guard)
     app.add_exception_handler(RelayError, _relay_error)

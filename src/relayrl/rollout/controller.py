@@ -22,9 +22,9 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tqdm import tqdm
@@ -71,6 +71,8 @@ class RolloutStats:
     """Over rows handed out: trainer version at hand-out minus the row's first sampled version."""
     recent_errors: tuple[str, ...] = ()
     """The last few abort errors, `episode_id: Type: message`."""
+    aborted_by_reason: dict[str, int] = field(default_factory=dict)
+    """Cumulative aborted episodes per reason (the error's type, e.g. `TimeoutError`)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ class RolloutController:
         self._rows_out = 0
         self._staleness_sum = 0
         self._errors: deque[str] = deque(maxlen=_KEEP_ERRORS)
+        self._abort_reasons: Counter[str] = Counter()
         self._bar = tqdm(desc="rollout", unit="ep", disable=not config.progress, leave=False)
         self._closed = False
 
@@ -276,6 +279,7 @@ class RolloutController:
         if outcome.status == EpisodeStatus.ABORTED:
             first_line = (outcome.error or "").splitlines()[0] if outcome.error else ""
             self._errors.append(f"{outcome.ctx.episode_id}: {first_line}")
+            self._abort_reasons[first_line.split(":", 1)[0].strip() or "unknown"] += 1
             log.warning("episode %s aborted: %s", outcome.ctx.episode_id, first_line)
         self._bar.update(1)
         s = self._counts
@@ -356,6 +360,7 @@ class RolloutController:
             groups_accepted=self._gate.accepted, groups_dropped=self._groups_dropped,
             groups_queued=len(self._ready), rows_out=self._rows_out,
             mean_staleness=self._mean_staleness(), recent_errors=tuple(self._errors),
+            aborted_by_reason=dict(self._abort_reasons),
         )
 
     @property

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -32,11 +33,12 @@ from relayrl.train.actor import Actor
 from relayrl.train.advantages import compute_advantages
 from relayrl.train.checkpoint import latest_checkpoint
 from relayrl.train.distributed import DistributedActor, join_process_group
-from relayrl.train.metrics import MetricsLogger
+from relayrl.train.metrics import MetricsLogger, episode_metrics, trained_tokens
 from relayrl.train.packing import TrainBatch
 from relayrl.train.ports import BatchSource, Launcher, Services, TrainerSettings
 from relayrl.train.sft import run_sft
 from relayrl.trajectory import read_jsonl
+from relayrl.trajectory.batch import RowBatch
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,10 @@ class EvalResult:
     """Items whose first episode aborted (each was run once more)."""
     excluded: int = 0
     """Items whose episode aborted twice: left out of the mean, never counted as 0."""
+    stderr: float = 0.0
+    """Standard error of the mean over the scored items (sample std / sqrt(n))."""
+    tool_call_rate: float | None = None
+    """Calls with at least one tool call, over the episodes' calls (None: no calls recorded)."""
 
 
 @dataclass(frozen=True)
@@ -72,9 +78,13 @@ class TrainResult:
         def r(e: EvalResult | None) -> str:
             return "n/a" if e is None else f"{e.mean_reward:.3f}"
 
+        def t(e: EvalResult | None) -> str:
+            return "n/a" if e is None or e.tool_call_rate is None else f"{e.tool_call_rate:.3f}"
+
         base = f"base {r(self.eval_base)} -> " if self.eval_base is not None else ""
         return (f"relayrl: held-out reward {base}before RL {r(self.eval_before)} -> after RL "
-                f"{r(self.eval_after)} in {self.steps} steps, {self.wall_s / 60:.1f} min; "
+                f"{r(self.eval_after)}, tool-call rate {t(self.eval_before)} -> "
+                f"{t(self.eval_after)}, in {self.steps} steps, {self.wall_s / 60:.1f} min; "
                 f"checkpoint {self.checkpoint}; plot {self.plot}")
 
 
@@ -136,6 +146,7 @@ class PPOTrainer:
                     base = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "base")
                 await run.warm_start(read_jsonl(cfg.sft.data))
             before = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "before RL")
+            before_step = actor.step
             await run.loop(workflow, workflow_kwargs, self.train_dataset, logger,
                            evaluate=lambda: run.evaluate(workflow, eval_kwargs, self.eval_dataset,
                                                          f"at step {actor.step}"))
@@ -146,7 +157,9 @@ class PPOTrainer:
             actor.stop_followers()  # (on an error the launcher stops them instead)
         checkpoint = actor.save_checkpoint(cfg.checkpoint_dir)
         evals = {"eval_reward_base": base, "eval_reward_before": before, "eval_reward_after": after}
-        logger.log(actor.step, {k: v.mean_reward for k, v in evals.items() if v is not None})
+        logger.log(actor.step, {"eval_before_step": before_step,
+                                **{k: v.mean_reward for k, v in evals.items() if v is not None},
+                                **_eval_extras(evals)})
         plot = logger.plot(cfg.log_dir / "reward_loss.png")
         logger.close()
         return TrainResult(actor.step, checkpoint, base, before, after, plot,
@@ -212,21 +225,30 @@ class _Run:
         """
         if not dataset:
             return None
-        scores = await self._eval_pass(workflow, kwargs, dataset)
+        batches: list[RowBatch] = []
+        scores = await self._eval_pass(workflow, kwargs, dataset, batches)
         missing = [i for i in range(len(dataset)) if i not in scores]
         if missing:
-            again = await self._eval_pass(workflow, kwargs, [dataset[i] for i in missing])
+            again = await self._eval_pass(workflow, kwargs, [dataset[i] for i in missing],
+                                          batches)
             scores.update({missing[j]: r for j, r in again.items()})
         excluded = len(dataset) - len(scores)
-        mean = sum(scores.values()) / len(scores) if scores else 0.0
-        result = EvalResult(mean, len(scores), len(missing), excluded)
-        print(f"eval {tag}: mean reward {result.mean_reward:.3f} over {result.episodes} "
-              f"held-out episodes ({result.aborted} aborted and retried, {result.excluded} "
-              f"excluded)", flush=True)
+        values = list(scores.values())
+        mean = sum(values) / len(values) if values else 0.0
+        stderr = (math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+                            / len(values)) if len(values) > 1 else 0.0)
+        tool_rate = (episode_metrics(RowBatch.concat(batches)).get("tool_call_rate")
+                     if batches else None)
+        result = EvalResult(mean, len(scores), len(missing), excluded, stderr, tool_rate)
+        tools = "" if tool_rate is None else f", tool-call rate {tool_rate:.3f}"
+        print(f"eval {tag}: mean reward {result.mean_reward:.3f} ± {stderr:.3f} over "
+              f"{result.episodes} held-out episodes ({result.aborted} aborted and retried, "
+              f"{result.excluded} excluded){tools}", flush=True)
         return result
 
     async def _eval_pass(self, workflow: Any, kwargs: dict[str, Any] | None,
-                         items: Sequence[dict[str, Any]]) -> dict[int, float]:
+                         items: Sequence[dict[str, Any]],
+                         batches: list[RowBatch]) -> dict[int, float]:
         """Item index -> reward of its one episode (items whose episode left no rows: absent)."""
         scores: dict[int, float] = {}
         async with self._controller(workflow, kwargs, items, is_eval=True) as controller:
@@ -236,6 +258,7 @@ class _Run:
                     if s.groups_accepted + s.groups_dropped >= len(items) and not s.groups_queued:
                         break  # every item ran once (asking again would wait for more data)
                     batch = await controller.next_batch()
+                    batches.append(batch.rows)
                     # unshuffled, one group per item: task ids count the items in order
                     for task, r in zip(batch.task_ids, batch.rows.rewards, strict=True):
                         scores[int(task)] = max(r, scores.get(int(task), float("-inf")))
@@ -268,6 +291,9 @@ class _Run:
                     result = await evaluate()
                     if result is not None:
                         metrics["eval_reward"] = result.mean_reward
+                        metrics["eval_reward_se"] = result.stderr
+                        if result.tool_call_rate is not None:
+                            metrics["eval_tool_call_rate"] = result.tool_call_rate
                 logger.log(actor.step, metrics)
                 _print_step(actor.step, cfg.train.total_steps, metrics)
                 every = cfg.train.checkpoint_every
@@ -288,15 +314,33 @@ class _Run:
         await self.services.engine.update_weights(self.actor.state_dict_for_engine(),
                                                   version=self.actor.version)
         stats = batch.stats
+        step_s = time.perf_counter() - started
         metrics.update(
             adv.stats, rows=float(tb.num_rows),
             aborted_episodes=float(stats.aborted), rejected_episodes=float(stats.rejected),
-            step_s=time.perf_counter() - started,
+            step_s=step_s, trained_tokens_per_s=trained_tokens(batch.rows) / max(step_s, 1e-9),
         )
+        metrics.update(episode_metrics(batch.rows))
+        # cumulative, per reason: a spike in one reason (timeouts, a crashing tool) stands out
+        metrics.update({f"aborted/{reason}": float(n)
+                        for reason, n in stats.aborted_by_reason.items()})
         return metrics
 
 
+def _eval_extras(evals: dict[str, EvalResult | None]) -> dict[str, float]:
+    """Standard errors and tool-call rates of the final evaluations, keyed like their means."""
+    out: dict[str, float] = {}
+    for key, e in evals.items():
+        if e is None:
+            continue
+        out[f"{key}_se"] = e.stderr
+        if e.tool_call_rate is not None:
+            out[key.replace("eval_reward", "eval_tool_call_rate")] = e.tool_call_rate
+    return out
+
+
 def _print_step(step: int, total: int, m: dict[str, float]) -> None:
-    keys = ("reward_mean", "loss", "approx_kl", "clip_frac", "tokens_per_s", "step_s")
+    keys = ("reward_mean", "loss", "approx_kl", "clip_frac", "tool_call_rate",
+            "trained_tokens_per_s", "step_s")
     shown = " ".join(f"{k}={m[k]:.3g}" for k in keys if k in m)
     print(f"step {step}/{total} {shown}", flush=True)

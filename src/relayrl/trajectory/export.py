@@ -12,8 +12,8 @@ tokens by construction (checked when they are recorded).
 Rows are plain Python lists so they can cross processes and files; `to_tensor_dict` (torch,
 imported lazily) makes the trainer's padded batch.
 
-May import: `relayrl.errors`, `relayrl.types` and the other `relayrl.trajectory` modules; torch
-only inside `to_tensor_dict`.
+May import: `relayrl.errors`, `relayrl.types`, `relayrl.chat.parsers` (the tool-call tag) and the
+other `relayrl.trajectory` modules; torch only inside `to_tensor_dict`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from relayrl.chat.parsers import CALL_OPEN
 from relayrl.errors import InvalidRequest, SessionClosed
 from relayrl.trajectory.credit import DEFAULT_CREDIT_RULE, CreditFn, credit_rule
 from relayrl.trajectory.records import Interaction
@@ -153,7 +154,7 @@ def _individual_row(
         reward=reward,
         turn_spans=[(p, p + o)],
         turn_rewards=[reward],
-        metadata={**meta, "finish_reasons": [c.finish_reason],
+        metadata={**meta, **_call_meta([c]),
                   "branch_reason": None if c.branch_reason is None else str(c.branch_reason)},
     )
 
@@ -191,8 +192,21 @@ def _concat_row(
         reward=credited[leaf.id],
         turn_spans=spans,
         turn_rewards=[credited[c.id] for c in path],
-        metadata={**meta, "finish_reasons": [c.finish_reason for c in path]},
+        metadata={**meta, **_call_meta(path)},
     )
+
+
+def _call_meta(calls: Sequence[Interaction]) -> dict[str, list[Any]]:
+    """Per call, in row order: finish reason, tool calls parsed, and whether a call failed to parse.
+
+    A parse failure is a reply whose text still holds a tool-call opening tag: the model tried to
+    call a tool, but the call was malformed and stayed as plain content (so no tool ran).
+    """
+    return {
+        "finish_reasons": [c.finish_reason for c in calls],
+        "tool_calls": [len(c.reply.tool_calls) for c in calls],
+        "tool_parse_failures": [int(CALL_OPEN in c.reply.content) for c in calls],
+    }
 
 
 def to_tensor_dict(rows: Sequence[TrajectoryRow]) -> dict[str, torch.Tensor]:
