@@ -79,7 +79,8 @@ def _cmd_serve_model(args: argparse.Namespace) -> int:
     label = (f"{args.experiment}/{args.trial}" if args.experiment and args.trial
              else str(checkpoint))
     serve(GatewayConfig(model=str(checkpoint), engine="local", host=args.host, port=args.port,
-                        admin_key=args.admin_key, model_label=label, max_staleness=None))
+                        admin_key=args.admin_key, model_label=label, max_staleness=None),
+          control=args.admin_key is not None)
     return 0
 
 

@@ -403,7 +403,9 @@ def test_prepacked_bf16_linears_track_in_place_weight_changes_and_autograd() -> 
     linear = model[0]
     x = torch.randn(5, 64).bfloat16()
     plain = torch.nn.functional.linear
-    assert local._pack_linears(model) == 1
+    # packed only where oneDNN's bf16 product gives the plain one's bits (AMX machines, not all
+    # CPUs: this session's AMD EPYC has no AMX/AVX512-BF16); elsewhere the plain path stays
+    assert local._pack_linears(model) == (1 if local._packed_linear_matches() else 0)
     with torch.no_grad():
         assert torch.equal(linear(x), plain(x, linear.weight, linear.bias))
         linear.weight.mul_(-2)  # an optimizer step or update_weights does this in place

@@ -43,8 +43,9 @@ def one_group(model_dir: str) -> TrainBatch:
 
 def test_one_step_moves_logprobs_the_way_the_advantages_point(model_dir: str) -> None:
     # Default lr (1e-6): Adam's first step moves every weight by about lr, coherently, which
-    # on this model shifts reply logprobs by 0.1-1.4 nats; a 100-token budget splits the four
-    # rows (43-48 tokens) into two micro-batches, so gradients accumulate across passes.
+    # on this model shifts reply logprobs by 0.1-1.4 nats in bf16 (AMX CPUs) and by 0.01-0.07
+    # in fp32 (bf16 "auto" is off on CPUs without bf16 units); a 100-token budget splits the
+    # four rows (43-48 tokens) into two micro-batches, so gradients accumulate across passes.
     cfg = TrainConfig(micro_batch_tokens=100)
     actor = Actor(model_dir, cfg)
     batch = one_group(model_dir)
@@ -63,5 +64,5 @@ def test_one_step_moves_logprobs_the_way_the_advantages_point(model_dir: str) ->
     mask = batch.loss_mask_B_T.float()
     delta_B = ((after_B_T - before_B_T) * mask).sum(-1) / mask.sum(-1)
     positive, negative = delta_B[[0, 2]], delta_B[[1, 3]]
-    assert (positive > 0).all() and positive.mean() > 0.1, delta_B
-    assert (negative < -0.1).all(), delta_B
+    assert (positive > 0).all() and positive.mean() > 0.005, delta_B
+    assert (negative < -0.005).all(), delta_B

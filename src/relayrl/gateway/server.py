@@ -159,8 +159,13 @@ def uvicorn_config(app: Any, config: GatewayConfig, host: str, port: int) -> Any
     )
 
 
-def serve(config: GatewayConfig, admin_key_file: Path | None = None) -> None:
-    """Serve until interrupted, printing the address once listening."""
+def serve(config: GatewayConfig, admin_key_file: Path | None = None, *,
+          control: bool = True) -> None:
+    """Serve until interrupted, printing the address once listening.
+
+    `control=False` (inference only, `relayrl serve-model`) makes no admin key: the control
+    routes stay off and callers without a key are answered, unrecorded (loopback only).
+    """
     import uvicorn
 
     from relayrl.gateway.app import create_app
@@ -170,7 +175,8 @@ def serve(config: GatewayConfig, admin_key_file: Path | None = None) -> None:
             f"refusing to listen on {config.host}, which is not loopback, with no admin key: "
             "pass --admin-key"
         )
-    config, key_file = ensure_admin_key(config, admin_key_file)
+    config, key_file = (ensure_admin_key(config, admin_key_file) if control
+                        else (config, None))
     app = create_app(build_deps(config))
     server = uvicorn.Server(uvicorn_config(app, config, config.host, config.port))
 
