@@ -67,3 +67,57 @@ def test_a_non_loopback_host_without_admin_key_is_refused(model_dir: str) -> Non
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "admin key" in r.stderr
+
+
+def test_kill_9_mid_run_three_times_loses_and_duplicates_no_finished_call(
+        model_dir: str, tmp_path: Path) -> None:
+    """Calls keep arriving when the gateway is killed; every answered call survives, once."""
+    import threading
+
+    log = tmp_path / "calls.sqlite"
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    answered: dict[str, set[str]] = {}  # session id -> interaction ids the client got back
+    for _ in range(3):  # three kills on the same log
+        proc, url = start(model_dir, log)
+        stop = threading.Event()
+
+        def caller(url: str = url, stop: threading.Event = stop) -> None:
+            with httpx.Client(base_url=url, timeout=30) as c:
+                try:
+                    for i in range(200):  # bounded; the kill normally comes first
+                        s = c.post("/rl/start_session", json={}, headers=admin).json()
+                        answered[s["session_id"]] = set()
+                        key = {"authorization": f"Bearer {s['api_key']}"}
+                        for turn in range(3):
+                            if stop.is_set():
+                                return
+                            r = c.post("/v1/chat/completions", headers=key, json={
+                                "model": "m", "messages": [{"role": "user",
+                                                            "content": f"{i} {turn}"}]})
+                            iid = r.json()["id"].removeprefix("chatcmpl-")
+                            answered[s["session_id"]].add(iid)
+                except httpx.HTTPError:
+                    return  # killed mid-call: that call was never answered
+
+        worker = threading.Thread(target=caller)
+        worker.start()
+        deadline, target = 400, sum(map(len, answered.values())) + 12
+        while sum(map(len, answered.values())) < target and deadline:  # let calls flow
+            deadline -= 1
+            threading.Event().wait(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        stop.set()
+        worker.join(30)
+    proc, url = start(model_dir, log)
+    try:
+        for sid, ids in answered.items():
+            rows = httpx.post(url + "/export_trajectories", headers=admin,
+                              json={"session_id": sid, "style": "individual"}).json()["rows"]
+            exported = [i for r in rows for i in r["interaction_ids"]]
+            assert len(exported) == len(set(exported)), f"{sid}: a call is duplicated"
+            assert ids <= set(exported), f"{sid}: answered calls lost: {ids - set(exported)}"
+        assert sum(map(len, answered.values())) >= 36  # three runs of at least 12 calls
+    finally:
+        proc.terminate()
+        proc.wait(10)
