@@ -2,8 +2,8 @@
 
 Run by hand:  python benchmarks/bench_contention.py [--concurrent 8] [--new-tokens 48] [--rounds 3]
 
-For each torch thread setting of the engine (1 and 2) and OpenMP wait policy (ACTIVE spins at
-barriers, PASSIVE sleeps), the engine decodes `--concurrent` requests alone, then again while a
+For each torch thread setting of the engine (1 and 2) and OpenMP wait policy (unset: the
+runtime's default; ACTIVE spins at barriers; PASSIVE sleeps), the engine decodes `--concurrent` requests alone, then again while a
 competing CPU-bound process (one busy Python loop, like a tokenizer or an agent's tool on the
 same machine) runs. It prints ms per decode step for both and their ratio, interleaved over
 `--rounds` rounds, with the load average before each run. A proportional slowdown with one
@@ -23,7 +23,8 @@ import subprocess
 import sys
 import time
 
-SETTINGS = [(1, "PASSIVE"), (1, "ACTIVE"), (2, "PASSIVE"), (2, "ACTIVE")]
+SETTINGS = [(t, policy) for t in (1, 2) for policy in ("unset", "PASSIVE", "ACTIVE")]
+"""(torch threads, OMP_WAIT_POLICY); "unset" is what a user gets: the OpenMP runtime's default."""
 
 
 def _burn(stop: mp.Event) -> None:  # type: ignore[valid-type]
@@ -67,7 +68,9 @@ def _run_setting(threads: int, policy: str, args: argparse.Namespace, compete: b
     if burner is not None:
         burner.start()
     try:
-        env = {**os.environ, "OMP_WAIT_POLICY": policy}
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        if policy != "unset":
+            env["OMP_WAIT_POLICY"] = policy
         out = subprocess.run([sys.executable, __file__, "--child", "--threads", str(threads),
                               "--concurrent", str(args.concurrent),
                               "--new-tokens", str(args.new_tokens)],

@@ -6,7 +6,7 @@ user of the service writes: it starts nothing of relayrl's in-process; it runs e
 values) and reads `/rl/v1/status`. For the demo it also starts the service as a child process and
 measures held-out reward before and after (unrecorded calls with the admin key).
 
-    python examples/any_agent/run.py [--steps 12] [--group-size 8] [--eval-items 48]
+    python examples/any_agent/run.py [--steps 12] [--group-size 8] [--eval-items 48] [--seed 1]
 """
 
 from __future__ import annotations
@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--fileroot", default="runs")
     p.add_argument("--trial", default="main")
+    p.add_argument("--seed", type=int, default=1, help="the service's seed (sampling, SFT order)")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--step-timeout-s", type=float, default=1800.0)
     args = p.parse_args(argv)
@@ -152,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
         traces.parent.mkdir(parents=True, exist_ok=True)
         generate_traces(model_path("smollm2-135m-instruct"), train_items[-args.sft_rows:],
                         args.sft_rows, out_path=traces)
-    overrides = [f"fileroot={args.fileroot}", f"trial_name={args.trial}", f"sft.data={traces}",
+    overrides = [f"fileroot={args.fileroot}", f"trial_name={args.trial}", f"seed={args.seed}",
+                 f"sft.data={traces}",
                  f"sft.max_rows={args.sft_rows}", f"gateway.port={args.port}",
                  f"rollout.group_size={args.group_size}", f"rollout.batch_size={args.batch_size}"]
     svc = Service(overrides, run_dir / "serve.log")

