@@ -163,6 +163,13 @@ class RemoteRolloutWorkflow(RolloutWorkflow):
         """episodes, completed, errors, no_calls, mask_checks, mask_mismatches,
         mismatched_rollouts, dropped_mask_mismatch, kept_mask_mismatch."""
 
+    def counters(self) -> dict[str, float]:
+        """`stats` for the training log: mask checks/mismatches, dropped and ERROR rollouts."""
+        keys = ("episodes", "completed", "errors", "no_calls", "mask_checks", "mask_mismatches",
+                "mismatched_rollouts", "dropped_mask_mismatch", "kept_mask_mismatch")
+        # every key, zeros included: a flat 0 curve is what shows the check ran and passed
+        return {k: float(self.stats[k]) for k in keys}
+
     @property
     def http(self) -> httpx.AsyncClient:
         """The client for the rollout server (episode-long timeout, no connection cap)."""

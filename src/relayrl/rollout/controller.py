@@ -73,6 +73,9 @@ class RolloutStats:
     """The last few abort errors, `episode_id: Type: message`."""
     aborted_by_reason: dict[str, int] = field(default_factory=dict)
     """Cumulative aborted episodes per reason (the error's type, e.g. `TimeoutError`)."""
+    workflow: dict[str, float] = field(default_factory=dict)
+    """The workflow's own cumulative counters (`RolloutWorkflow.counters`), e.g. the remote
+    workflow's response_mask checks, mismatches and dropped rollouts."""
 
 
 @dataclass(frozen=True)
@@ -360,8 +363,15 @@ class RolloutController:
             groups_accepted=self._gate.accepted, groups_dropped=self._groups_dropped,
             groups_queued=len(self._ready), rows_out=self._rows_out,
             mean_staleness=self._mean_staleness(), recent_errors=tuple(self._errors),
-            aborted_by_reason=dict(self._abort_reasons),
+            aborted_by_reason=dict(self._abort_reasons), workflow=self._workflow_counters(),
         )
+
+    def _workflow_counters(self) -> dict[str, float]:
+        try:
+            return {str(k): float(v) for k, v in self._group.counters().items()}
+        except Exception:  # a broken counter must not stop training: log it, report none
+            log.exception("the workflow's counters() failed")
+            return {}
 
     @property
     def gate(self) -> StalenessGate:

@@ -20,7 +20,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,9 @@ from relayrl.train.ports import BatchSource, Launcher, Services, TrainerSettings
 from relayrl.train.sft import run_sft
 from relayrl.trajectory import read_jsonl
 from relayrl.trajectory.batch import RowBatch
+
+WORKFLOW_PREFIX = "workflow/"
+"""Step metrics from the workflow's own counters (`RolloutWorkflow.counters`) carry this prefix."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,8 @@ class TrainResult:
     plot: Path | None
     metrics_path: Path
     wall_s: float
+    workflow_counters: dict[str, float] = field(default_factory=dict)
+    """The training workflow's cumulative counters at the last step (e.g. mask checks)."""
 
     def summary(self) -> str:
         """One line: what improved, in how long, and where the results are."""
@@ -82,10 +87,12 @@ class TrainResult:
             return "n/a" if e is None or e.tool_call_rate is None else f"{e.tool_call_rate:.3f}"
 
         base = f"base {r(self.eval_base)} -> " if self.eval_base is not None else ""
+        counters = (f"; workflow {_counters_text(self.workflow_counters)}"
+                    if self.workflow_counters else "")
         return (f"relayrl: held-out reward {base}before RL {r(self.eval_before)} -> after RL "
                 f"{r(self.eval_after)}, tool-call rate {t(self.eval_before)} -> "
                 f"{t(self.eval_after)}, in {self.steps} steps, {self.wall_s / 60:.1f} min; "
-                f"checkpoint {self.checkpoint}; plot {self.plot}")
+                f"checkpoint {self.checkpoint}; plot {self.plot}{counters}")
 
 
 def load_dataset(path: str | Path) -> list[dict[str, Any]]:
@@ -163,7 +170,8 @@ class PPOTrainer:
         plot = logger.plot(cfg.log_dir / "reward_loss.png")
         logger.close()
         return TrainResult(actor.step, checkpoint, base, before, after, plot,
-                           cfg.log_dir / "metrics.jsonl", time.perf_counter() - started)
+                           cfg.log_dir / "metrics.jsonl", time.perf_counter() - started,
+                           dict(run.workflow_counters))
 
     def _make_actor(self) -> Actor:
         cfg = self.config
@@ -193,6 +201,8 @@ class _Run:
     cfg: TrainerSettings
     actor: Actor
     services: Services
+    workflow_counters: dict[str, float] = field(default_factory=dict)
+    """The training controller's workflow counters as of the last batch."""
 
     def _controller(self, workflow: Any, kwargs: dict[str, Any] | None,
                     dataset: Sequence[dict[str, Any]], is_eval: bool) -> BatchSource:
@@ -280,10 +290,13 @@ class _Run:
                 except StopAsyncIteration:
                     break
                 metrics = await self.step(batch)
+                self.workflow_counters = dict(batch.stats.workflow)
                 if metrics.get("n_tokens", 0) == 0:
                     skipped += 1
+                    counters = _counters_text(batch.stats.workflow)
                     print(f"batch without signal (every group uniform, reward mean "
-                          f"{metrics.get('reward_mean', 0):.2f}): no step", flush=True)
+                          f"{metrics.get('reward_mean', 0):.2f}): no step"
+                          f"{'; workflow ' + counters if counters else ''}", flush=True)
                     continue
                 metrics["skipped_batches"] = float(skipped)
                 every = cfg.eval.every
@@ -324,6 +337,9 @@ class _Run:
         # cumulative, per reason: a spike in one reason (timeouts, a crashing tool) stands out
         metrics.update({f"aborted/{reason}": float(n)
                         for reason, n in stats.aborted_by_reason.items()})
+        # cumulative, like the abort counts: what the workflow checked (a remote rollout
+        # server's response_mask agreement, the rollouts it dropped or that failed)
+        metrics.update({f"{WORKFLOW_PREFIX}{k}": float(v) for k, v in stats.workflow.items()})
         return metrics
 
 
@@ -339,8 +355,16 @@ def _eval_extras(evals: dict[str, EvalResult | None]) -> dict[str, float]:
     return out
 
 
+def _counters_text(counters: dict[str, float]) -> str:
+    """`k=v ...` for the log line (counts print as integers)."""
+    return " ".join(f"{k}={v:g}" for k, v in counters.items())
+
+
 def _print_step(step: int, total: int, m: dict[str, float]) -> None:
     keys = ("reward_mean", "loss", "approx_kl", "clip_frac", "tool_call_rate",
             "trained_tokens_per_s", "step_s")
     shown = " ".join(f"{k}={m[k]:.3g}" for k in keys if k in m)
-    print(f"step {step}/{total} {shown}", flush=True)
+    counters = _counters_text({k[len(WORKFLOW_PREFIX):]: v for k, v in m.items()
+                               if k.startswith(WORKFLOW_PREFIX)})
+    print(f"step {step}/{total} {shown}{' workflow ' + counters if counters else ''}",
+          flush=True)

@@ -34,6 +34,10 @@ class RolloutWorkflow(ABC):
         """Release what the workflow holds (process pools, clients); idempotent."""
         return None  # an optional hook: most workflows hold nothing
 
+    def counters(self) -> dict[str, float]:
+        """Cumulative counters this workflow keeps (e.g. checks it ran); reported per step."""
+        return {}  # an optional hook: the rollout controller passes these on to the trainer
+
 
 def is_interaction_dict(result: Any) -> bool:
     """Whether `result` is a non-empty dict of `TrajectoryRow`s."""

@@ -165,6 +165,10 @@ class GroupedWorkflow(RolloutWorkflow):
             await asyncio.gather(*tasks, return_exceptions=True)  # let cleanups finish
             raise
 
+    def counters(self) -> dict[str, float]:
+        """The wrapped workflow's counters (the members share it)."""
+        return self.workflow.counters()
+
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> EpisodeResult:
         """The merged result of all members; raises the first member's error if one aborted."""
         outcomes = await self.run_members(engine, data)
