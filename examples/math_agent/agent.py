@@ -82,4 +82,9 @@ class MathAgent:
             # the policy never answered, or called a tool that does not exist: a wrong answer,
             # not a broken episode
             return 0.0
+        finally:
+            if extra_kwargs.get("http_client") is None:
+                # ours to close: left to the garbage collector, its close would be scheduled on
+                # an event loop that `asyncio.run` has already closed
+                await client.close()
         return await self.reward(str(result.final_output), data["answer"])
