@@ -53,6 +53,7 @@ log = logging.getLogger("relayrl.router")
 _HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",
                   b"te", b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length"})
 _OWN = frozenset({b"date", b"server"})  # uvicorn sets its own
+_DROP = _HOP | _OWN
 _START = frozenset({"/rl/start_session", "/rl/v1/start_session"})
 _BY_ID_BODY = frozenset({"/export_trajectories", "/rl/ack_export", "/rl/abort_session"})
 _FAN_SUM = {"/grant_capacity": "capacity"}
@@ -276,7 +277,7 @@ class Router:
 
     @staticmethod
     def _answer_headers(resp: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
-        return [(k, v) for k, v in resp.raw_headers if k.lower() not in _HOP | _OWN]
+        return [(k, v) for k, v in resp.raw_headers if k.lower() not in _DROP]
 
     @staticmethod
     async def _read(resp: aiohttp.ClientResponse) -> bytes:
@@ -306,7 +307,7 @@ class Router:
             content = await self._read(resp)
             return _Upstream(resp.status, headers, content).response()
 
-        path = request.url.path
+        path = request.scope["path"]
 
         async def chunks() -> AsyncIterator[bytes]:
             ended = True  # at a frame boundary
@@ -327,8 +328,11 @@ class Router:
                 else:
                     resp.close()  # mid-answer: the connection cannot be reused
 
+        async def close() -> None:  # async: a sync background task would hop to a thread
+            resp.close()
+
         out = StreamingResponse(chunks(), status_code=resp.status,
-                                background=BackgroundTask(resp.close))
+                                background=BackgroundTask(close))
         out.raw_headers = headers
         return out
 
@@ -501,7 +505,7 @@ class Router:
 
     async def dispatch(self, request: Request) -> Response:
         """Route one request (see the module docstring)."""
-        path = request.url.path
+        path = request.scope["path"]
         if path == "/health" and request.method == "GET":
             return self.health()
         path_key = None
@@ -551,7 +555,7 @@ class Router:
         try:
             return await self.dispatch(request)
         except RelayError as e:
-            return error_response(request.url.path, e)
+            return error_response(request.scope["path"], e)
 
     # ------------------------------------------------------------------ health checks
 
