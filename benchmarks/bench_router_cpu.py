@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_router import ADMIN, _free_port, _spawn, _wait  # noqa: E402
+from bench_router import ADMIN, _free_port, _spawn, _wait
 
-from relayrl.router import Router, RouterConfig  # noqa: E402
+from relayrl.router import Router, RouterConfig
 
 
 async def _call(app, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
