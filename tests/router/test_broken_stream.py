@@ -59,3 +59,19 @@ async def test_a_broken_stream_ends_with_an_error_frame(path: str, check) -> Non
     last = [f for f in frames if f.strip()][-1]
     assert check(last) and "mid-stream" in last
     assert '{"partial' in r.content.decode()  # what did arrive was relayed before the error
+
+
+async def test_an_unexpected_router_error_is_a_500_in_the_routes_format(monkeypatch) -> None:
+    router = Router(RouterConfig(backends=["http://127.0.0.1:9"]))
+
+    async def broken(request):
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(router, "dispatch", broken)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=router.app()),
+                                 base_url="http://router") as client:
+        chat = await client.post("/v1/chat/completions", json={})
+        messages = await client.post("/v1/messages", json={})
+    assert chat.status_code == 500 and chat.json()["error"]["message"]
+    assert messages.status_code == 500 and messages.json()["type"] == "error"
+    assert "bug" not in chat.text  # no internals leak
