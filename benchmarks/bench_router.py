@@ -3,15 +3,21 @@ through the router, interleaved, one at a time, on loopback.
 
 Two FakeEngine gateways (`relayrl gateway --engine fake`) and the router (`relayrl.router.cli`)
 run as their own processes, as in production; this process is the client (httpx, keep-alive).
-Prints a markdown table: p50/p90/p99 latency per path and the router's p50 overhead.
+Prints the markdown section for benchmarks/RESULTS.md ("## Router overhead"): the machine, the
+load average at start and end, the event loop and HTTP parser the servers ran on, p50/p90/p99
+latency per path, the router's p50 overhead and its CPU per call. `--write RESULTS.md` replaces
+that section in the file (or appends it).
 
-    python benchmarks/bench_router.py --calls 400
+    python benchmarks/bench_router.py --calls 400 [--write benchmarks/RESULTS.md]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+import platform
+import re
 import socket
 import statistics
 import subprocess
@@ -62,12 +68,49 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+HEADING = "## Router overhead (direct vs through `relayrl router`)"
+
+
+def _machine() -> str:
+    model = "unknown CPU"
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    return f"{model}, {os.cpu_count()} cores; Python {platform.python_version()}"
+
+
+def _stack() -> str:
+    from importlib.metadata import version
+
+    from relayrl.asgi import uvicorn_options
+
+    opts = uvicorn_options()
+    return (f"uvicorn {version('uvicorn')} (loop {opts['loop']}, parser {opts['http']}), "
+            f"router client aiohttp {version('aiohttp')}, starlette {version('starlette')}")
+
+
+def write_section(path: Path, section: str) -> None:
+    """Replace this benchmark's section of `path` (up to the next `## `), or append it."""
+    text = path.read_text() if path.exists() else ""
+    pattern = re.compile(r"^## Router overhead.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section.rstrip("\n") + "\n\n", text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
+
+
 def main() -> None:
-    """Run the benchmark and print its table."""
+    """Run the benchmark and print its section (and write it with `--write`)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=400, help="calls per path and kind")
     ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--write", default=None, metavar="RESULTS.md",
+                    help="replace the '## Router overhead' section of this file")
     args = ap.parse_args()
+    load0 = os.getloadavg()
+    started = datetime.datetime.now(datetime.UTC)
     with ExitStack() as stack:
         gateways, procs = [], {}
         for _ in range(2):
@@ -109,20 +152,36 @@ def main() -> None:
         routed = sum(len(xs) for (_, name), xs in lat.items() if name == "router")
         cpu_ms = (_cpu_s(router_proc.pid) - cpu0) * 1e3 / routed
         gateway_ms = (_cpu_s(procs[owner].pid) - gcpu0) * 1e3 / (2 * routed)
-        print("| call | path | calls | p50 ms | p90 ms | p99 ms |")
-        print("| --- | --- | ---: | ---: | ---: | ---: |")
-        for (kind, name), xs in lat.items():
-            print(f"| {kind} | {name} | {len(xs)} | {statistics.median(xs):.2f} | "
-                  f"{_pct(xs, 0.9):.2f} | {_pct(xs, 0.99):.2f} |")
-        for kind in kinds:
-            d, r = lat[(kind, "direct")], lat[(kind, "router")]
-            paired = [b - a for a, b in zip(d, r, strict=True)]
-            print(f"\n{kind}: router p50 - direct p50 = "
-                  f"{statistics.median(r) - statistics.median(d):.2f} ms; "
-                  f"median of paired differences = {statistics.median(paired):.2f} ms")
-        print(f"\nrouter process CPU per routed call (user + system, health checks included): "
-              f"{cpu_ms:.2f} ms; the gateway's CPU per call (direct and routed): {gateway_ms:.2f} ms")
-
+    load1 = os.getloadavg()
+    out = [HEADING, "",
+           f"Command: `PYTHONPATH=$PWD/src python benchmarks/bench_router.py --calls {args.calls}`  ",
+           f"Machine: {_machine()}; {_stack()}.  ",
+           f"Date: {started:%Y-%m-%d, %H:%M} UTC. Load average (1, 5, 15 min): "
+           f"{load0[0]:.2f}, {load0[1]:.2f}, {load0[2]:.2f} at the start; "
+           f"{load1[0]:.2f}, {load1[1]:.2f}, {load1[2]:.2f} at the end.",
+           "Two FakeEngine gateways and the router each in their own process, the client (httpx, "
+           "keep-alive) in the benchmark's; one session, its calls sent one at a time, direct and "
+           "routed interleaved (order alternating), `max_tokens: 8`.", "",
+           "| call | path | calls | p50 ms | p90 ms | p99 ms |",
+           "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for (kind, name), xs in lat.items():
+        out.append(f"| {kind} | {name} | {len(xs)} | {statistics.median(xs):.2f} | "
+                   f"{_pct(xs, 0.9):.2f} | {_pct(xs, 0.99):.2f} |")
+    out.append("")
+    for kind in kinds:
+        d, r = lat[(kind, "direct")], lat[(kind, "router")]
+        paired = [b - a for a, b in zip(d, r, strict=True)]
+        out.append(f"{kind}: router p50 - direct p50 = "
+                   f"{statistics.median(r) - statistics.median(d):.2f} ms; "
+                   f"median of paired differences = {statistics.median(paired):.2f} ms.  ")
+    out.append(f"Router process CPU per routed call (user + system, health checks included): "
+               f"{cpu_ms:.2f} ms; the gateway's CPU per call (direct and routed): "
+               f"{gateway_ms:.2f} ms.")
+    section = "\n".join(out) + "\n"
+    print(section)
+    if args.write:
+        write_section(Path(args.write), section)
+        print(f"(written to {args.write})")
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "relayrl"
 
 LAYERS: list[set[str]] = [
-    {"errors", "types", "models"},  # shared records, the error tree, model provisioning
+    {"errors", "types", "models", "asgi"},  # shared records, errors, models, uvicorn settings
     {"chat"},
     {"trajectory"},
     {"engine"},

@@ -44,7 +44,13 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         max_staleness=args.max_staleness,
         batch_size=args.batch_size,
         ended_ttl_s=args.ended_ttl,
+        replicas=args.replicas,
     )
+    if config.replicas > 1:
+        from relayrl.launch.replicas import serve_replicas
+
+        serve_replicas(config)
+        return 0
     serve(config)
     return 0
 
@@ -162,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sessions per training batch, for --max-staleness")
     gw.add_argument("--ended-ttl", type=float, default=6 * 3600.0,
                     help="idle seconds before an ended session nobody exported is aborted")
+    gw.add_argument("--replicas", type=int, default=1,
+                    help="N gateway + engine pairs behind one router; --host/--port are then "
+                    "the router's (the one public URL)")
     gw.set_defaults(func=_cmd_gateway)
 
     tr = sub.add_parser("train", help="train an agent with RL (config YAML + dotted overrides)")

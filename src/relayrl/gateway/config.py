@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from relayrl.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class GatewayConfig:
@@ -30,3 +32,8 @@ class GatewayConfig:
     header_timeout_s: float = 10.0        # a request's line and headers must arrive within this
     body_timeout_s: float = 30.0          # longest silence while a request body is arriving
     keep_alive_timeout_s: float = 5.0     # idle keep-alive connections are closed after this
+    replicas: int = 1                     # `relayrl gateway`: N gateway + engine pairs behind one router at host:port
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ConfigError("gateway.replicas must be >= 1")

@@ -1,7 +1,7 @@
 """Run a gateway: resolve the model, load the engine, recover the log, serve with uvicorn.
 
 May import: everything in `relayrl.gateway`, `relayrl.engine` (`load_engine`; torch only when it
-loads a local model), `relayrl.models`, `relayrl.trajectory`, uvicorn. Never client or above.
+loads a local model), `relayrl.models`, `relayrl.trajectory`, `relayrl.asgi`, uvicorn. Never client or above.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from relayrl.asgi import http_name, loop_name
+from relayrl.asgi import run as run_server
 from relayrl.errors import ConfigError
 from relayrl.gateway.config import GatewayConfig
 from relayrl.gateway.core import GatewayDeps
@@ -148,13 +150,84 @@ def _timed_h11_protocol(header_timeout_s: float, body_timeout_s: float) -> type[
     return TimedH11Protocol
 
 
+def _timed_httptools_protocol(header_timeout_s: float,
+                              body_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with the same header and body timeouts as the h11 one."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class TimedHttpToolsProtocol(HttpToolsProtocol):
+        _deadline: asyncio.TimerHandle | None = None
+        _phase = "idle"  # idle (between requests), head, body, done (answering)
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm(header_timeout_s)  # a connection that never sends a byte
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._phase = "head"
+            if self._deadline is None:  # from the first byte of a request, never extended
+                self._arm(header_timeout_s)
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            self._phase = "body"
+            self._arm(body_timeout_s)
+
+        def on_body(self, body: bytes) -> None:
+            super().on_body(body)
+            self._arm(body_timeout_s)  # an idle limit: every piece of body restarts it
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._phase = "done"
+            self._disarm()
+
+        def _arm(self, seconds: float) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(seconds, self._expire)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            self._deadline = None
+            if self._phase == "done" or self.transport.is_closing():
+                return
+            if self._phase == "body" and self.flow.read_paused:
+                self._arm(body_timeout_s)  # we stopped reading (the app is behind), not the client
+                return
+            if self._phase == "head" and self.cycle is not None \
+                    and not self.cycle.response_complete:
+                self._arm(header_timeout_s)  # pipelined bytes wait behind a request being answered
+                return
+            self.transport.close()
+
+    return TimedHttpToolsProtocol
+
+
+def timed_protocol(config: GatewayConfig) -> type[asyncio.Protocol]:
+    """The gateway's HTTP protocol: httptools when installed (relayrl.asgi), else h11, each with
+    the header and body timeouts."""
+    if http_name() == "httptools":
+        return _timed_httptools_protocol(config.header_timeout_s, config.body_timeout_s)
+    return _timed_h11_protocol(config.header_timeout_s, config.body_timeout_s)
+
+
 def uvicorn_config(app: Any, config: GatewayConfig, host: str, port: int) -> Any:
-    """The uvicorn settings of a gateway: quiet logs, and header, body and keep-alive timeouts."""
+    """The uvicorn settings of a gateway: quiet logs, the fastest installed loop and parser, and
+    header, body and keep-alive timeouts."""
     import uvicorn
 
     return uvicorn.Config(
         app, host=host, port=port, log_level="warning", access_log=False,
-        http=_timed_h11_protocol(config.header_timeout_s, config.body_timeout_s),
+        loop=loop_name(), http=timed_protocol(config),
         timeout_keep_alive=config.keep_alive_timeout_s,  # type: ignore[arg-type]  # float is fine
     )
 
@@ -195,7 +268,7 @@ def serve(config: GatewayConfig, admin_key_file: Path | None = None, *,
                       f"{key_file}", flush=True)
         await task
 
-    asyncio.run(run())
+    run_server(run())
 
 
 class GatewayThread:

@@ -22,6 +22,7 @@ from relayrl.engine import InferenceEngine, load_engine
 from relayrl.engine.local import LocalEngine
 from relayrl.gateway.config import GatewayConfig
 from relayrl.gateway.server import GatewayThread, build_deps
+from relayrl.launch.replicas import refuse_replicas
 from relayrl.remote_rollout.workflow import build_remote_workflow
 from relayrl.rollout import RolloutConfig, RolloutController
 from relayrl.train.actor import Actor
@@ -75,6 +76,7 @@ def with_admin_key(cfg: RelayConfig) -> RelayConfig:
 
 def serving_gateway_config(cfg: RelayConfig, model_dir: str) -> GatewayConfig:
     """The gateway settings for a training run serving the policy in `model_dir`."""
+    refuse_replicas(cfg.gateway, "training runs")
     # One staleness rule, in one place: the rollout controller counts groups in flight, so
     # a second rule at the gateway (counting sessions) could only refuse the controller's
     # own episodes mid-group.
@@ -126,6 +128,7 @@ class LocalLauncher:
     """Starts a `LocalServices` for the actor's current model and weights."""
 
     def __init__(self, config: RelayConfig) -> None:
+        refuse_replicas(config.gateway, "training runs")  # before any model is loaded
         self.config = with_admin_key(config)
 
     async def __call__(self, actor: Actor) -> LocalServices:

@@ -2,20 +2,25 @@
 
 Each replica is a gateway with its own engine (a `LocalEngine` per replica, or one remote vLLM /
 SGLang server per replica given by `engine_urls`) on a free loopback port; the router gives them
-one URL, session-affine. The config key itself is wired by whoever reads `gateway.replicas`.
+one URL, session-affine. `relayrl gateway --replicas N` (or `gateway.replicas: N`) runs
+`serve_replicas`; training launchers use one gateway and refuse `replicas > 1`
+(`refuse_replicas`).
 
 May import: relayrl.gateway, relayrl.router, relayrl.engine (the protocol), relayrl.errors.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from relayrl.engine.base import InferenceEngine
 from relayrl.errors import ConfigError
 from relayrl.gateway.config import GatewayConfig
-from relayrl.gateway.server import GatewayThread, build_deps
+from relayrl.gateway.server import GatewayThread, build_deps, ensure_admin_key, is_loopback
 from relayrl.router.config import RouterConfig
 from relayrl.router.server import RouterThread
 
@@ -59,7 +64,8 @@ def start_replicas(config: GatewayConfig, replicas: int, *,
     gateways: list[GatewayThread] = []
     try:
         for i in range(replicas):
-            cfg = replace(config, host="127.0.0.1", port=0)
+            cfg = replace(config, host="127.0.0.1", port=0, replicas=1,
+                          log_path=replica_log_path(config.log_path, i, replicas))
             if engine_urls is not None:
                 cfg = replace(cfg, engine_url=engine_urls[i])
             engine = engines[i] if engines is not None else None
@@ -71,3 +77,47 @@ def start_replicas(config: GatewayConfig, replicas: int, *,
             g.stop()
         raise
     return Replicas(router, gateways)
+
+
+def replica_log_path(log_path: str | None, index: int, replicas: int) -> str | None:
+    """Replica `index`'s own durable log (one SQLite file per gateway): `sessions.r0.db`, ..."""
+    if log_path is None or replicas == 1:
+        return log_path
+    p = Path(log_path)
+    return str(p.with_name(f"{p.stem}.r{index}{p.suffix}"))
+
+
+def refuse_replicas(config: GatewayConfig, where: str) -> None:
+    """Raise a clear ConfigError where `gateway.replicas > 1` is not supported (`where`)."""
+    if config.replicas > 1:
+        raise ConfigError(f"gateway.replicas > 1 is not supported by {where}: it serves the "
+                          "policy from one gateway; `relayrl gateway` runs replicas")
+
+
+def serve_replicas(config: GatewayConfig, admin_key_file: Path | None = None, *,
+                   stop: threading.Event | None = None) -> None:
+    """`relayrl gateway` with `config.replicas > 1`: the gateways on loopback ports, the router at
+    `config.host:config.port` (the one public URL, printed), until interrupted or `stop` is set."""
+    if not is_loopback(config.host) and not config.admin_key:
+        raise ConfigError(f"refusing to listen on {config.host}, which is not loopback, with no "
+                          "admin key: pass --admin-key")
+    config, key_file = ensure_admin_key(config, admin_key_file)  # one key for every replica
+    stop = stop or threading.Event()
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handlers[sig] = signal.signal(sig, lambda *_: stop.set())
+    try:
+        with start_replicas(config, config.replicas, router_host=config.host,
+                            router_port=config.port) as rep:
+            print(f"relayrl gateway listening at {rep.url} (a router in front of "
+                  f"{config.replicas} replicas: {', '.join(g.url for g in rep.gateways)})",
+                  flush=True)
+            if key_file is not None:
+                print(f"admin key (generated; send it as `Authorization: Bearer KEY`) is in "
+                      f"{key_file}", flush=True)
+            while not stop.wait(1.0):
+                pass
+    finally:
+        for sig, old in handlers.items():
+            signal.signal(sig, old)

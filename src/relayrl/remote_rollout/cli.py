@@ -2,7 +2,7 @@
 
 Flags override the environment (ROLLOUT_SERVER_PORT, HTTP_CLIENT_TIMEOUT,
 TOKENIZER_TRUST_REMOTE_CODE, TOKENIZER_CACHE_SIZE, MAX_CONCURRENT_ROLLOUTS, ...), which overrides
-the defaults. Imports this package, argparse and uvicorn only.
+the defaults. Imports this package, argparse, relayrl.asgi and uvicorn only.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags, then serve until interrupted; returns the exit code."""
     import uvicorn
 
+    from relayrl.asgi import uvicorn_options
     from relayrl.remote_rollout.server import create_app
 
     parser = build_parser()
@@ -69,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "server calls back whatever server_url a request names", file=sys.stderr)
     print(f"relayrl rollout server listening at http://{config.host}:{config.port}", flush=True)
     uvicorn.run(create_app(config=config), host=config.host, port=config.port,
-                log_level="warning", access_log=False)
+                log_level="warning", access_log=False, **uvicorn_options())
     return 0
 
 

@@ -9,7 +9,10 @@ that concern every backend fan out (`/rl/sessions`, `/rl/v1/set_version`, `/gran
 routes, and never logs a key. With tenants, a key must be a tenant's key or a session key bound
 through it, and a tenant's calls only ever reach that tenant's own backends.
 
-May import: starlette, httpx, relayrl.errors, relayrl.chat (error bodies), relayrl.router.
+The outbound pool is aiohttp's: about a third of the CPU per relayed call of httpx's transport
+(httpcore on anyio), measured in benchmarks/bench_router_cpu.py.
+
+May import: starlette, aiohttp, relayrl.errors, relayrl.chat (error bodies), relayrl.router.
 Never the gateway's internals (it talks to gateways over HTTP only), nor torch.
 """
 
@@ -26,12 +29,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from yarl import URL
 
 from relayrl.chat import wire_anthropic, wire_openai_chat
 from relayrl.errors import (
@@ -49,6 +52,7 @@ log = logging.getLogger("relayrl.router")
 _HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",
                   b"te", b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length"})
 _OWN = frozenset({b"date", b"server"})  # uvicorn sets its own
+_DROP = _HOP | _OWN
 _START = frozenset({"/rl/start_session", "/rl/v1/start_session"})
 _BY_ID_BODY = frozenset({"/export_trajectories", "/rl/ack_export", "/rl/abort_session"})
 _FAN_SUM = {"/grant_capacity": "capacity"}
@@ -167,6 +171,18 @@ class _Upstream:
         return out
 
 
+def open_session(config: RouterConfig) -> aiohttp.ClientSession:
+    """The relay's connection pool (call from within the event loop that will use it)."""
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30,
+                                     enable_cleanup_closed=False)
+    timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout_s,
+                                    sock_read=config.read_timeout_s)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False, trust_env=False, raise_for_status=False,
+        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"))
+
+
 @dataclass
 class Router:
     """Backends, bindings and the shared connection pool; `app()` serves them."""
@@ -175,13 +191,10 @@ class Router:
     backends: list[Backend] = field(default_factory=list)
     keys: _Bounded = field(init=False)
     sessions: _Bounded = field(init=False)
-    client: httpx.AsyncClient | None = None
-    """For health checks."""
-    transport: httpx.AsyncBaseTransport | None = None
-    """The shared connection pool calls are relayed over. The transport, not a client: a client
-    would keep backends' cookies (and send them to other backends) and costs about a millisecond
-    of CPU per call in URL merging, cookie and redirect handling that a relay does not want."""
-    _timeout: dict[str, float | None] = field(default_factory=dict)
+    session: aiohttp.ClientSession | None = None
+    """The shared connection pool calls and health checks go over: no cookie jar (a relay must
+    not carry one backend's cookies to another), no redirects, no decompression (bytes are
+    relayed as the gateway sent them), no default headers added."""
     _tenants: dict[str, Tenant] = field(default_factory=dict)
     _turn: itertools.count = field(default_factory=itertools.count)
 
@@ -237,39 +250,50 @@ class Router:
             headers.append((b"authorization", b"Bearer " + caller.tenant.backend_key.encode()))
         return headers
 
-    def _url(self, backend: Backend, request: Request) -> str:
-        query = request.url.query
-        return backend.url + request.url.path + (f"?{query}" if query else "")
+    def _url(self, backend: Backend, request: Request) -> URL:
+        # The raw path and query, as the client sent them (no decoding and re-encoding).
+        scope = request.scope
+        query = scope.get("query_string", b"")
+        raw = scope.get("raw_path") or scope["path"].encode()
+        target = (raw + b"?" + query if query else raw).decode("latin-1")
+        return URL(backend.url + target, encoded=True)
 
     async def send(self, backend: Backend, request: Request, caller: Caller,
-                   body: bytes) -> httpx.Response:
+                   body: bytes) -> aiohttp.ClientResponse:
         """Send the request to `backend` and return its answer unread (raises EngineError)."""
-        assert self.transport is not None
-        req = httpx.Request(request.method, self._url(backend, request),
-                            headers=self._headers(request, caller), content=body,
-                            extensions={"timeout": self._timeout})
+        assert self.session is not None
+        headers = [(k.decode("latin-1"), v.decode("latin-1"))
+                   for k, v in self._headers(request, caller)]
         try:
-            resp = await self.transport.handle_async_request(req)
-            resp.request = req
-            return resp
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            return await self.session.request(
+                request.method, self._url(backend, request), headers=headers,
+                data=body or None, allow_redirects=False)
+        except aiohttp.ClientConnectorError as e:
             self.mark_down(backend, type(e).__name__)
             raise _unavailable("the gateway for this request is unreachable") from None
-        except httpx.TransportError as e:
+        except (aiohttp.ClientError, TimeoutError) as e:
             raise _unavailable(f"the gateway for this request failed ({type(e).__name__})") from None
+
+    @staticmethod
+    def _answer_headers(resp: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
+        return [(k, v) for k, v in resp.raw_headers if k.lower() not in _DROP]
+
+    @staticmethod
+    async def _read(resp: aiohttp.ClientResponse) -> bytes:
+        try:
+            return await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            resp.close()
+            raise _unavailable(f"the gateway's answer broke off ({type(e).__name__})") from None
+        finally:
+            resp.release()
 
     async def buffered(self, backend: Backend, request: Request, caller: Caller,
                        body: bytes) -> _Upstream:
         """The backend's whole answer, raw bytes (no decoding)."""
         resp = await self.send(backend, request, caller, body)
-        try:
-            content = b"".join([c async for c in resp.aiter_raw()])
-        except httpx.TransportError as e:
-            raise _unavailable(f"the gateway's answer broke off ({type(e).__name__})") from None
-        finally:
-            await resp.aclose()
-        headers = [(k, v) for k, v in resp.headers.raw if k.lower() not in _HOP | _OWN]
-        return _Upstream(resp.status_code, headers, content)
+        content = await self._read(resp)
+        return _Upstream(resp.status, self._answer_headers(resp), content)
 
     async def relay(self, backend: Backend, request: Request, caller: Caller,
                     body: bytes) -> Response:
@@ -277,34 +301,37 @@ class Router:
         if not backend.healthy:
             raise _unavailable("the gateway holding this session is down; start a new session")
         resp = await self.send(backend, request, caller, body)
-        headers = [(k, v) for k, v in resp.headers.raw if k.lower() not in _HOP | _OWN]
+        headers = self._answer_headers(resp)
         if not resp.headers.get("content-type", "").startswith("text/event-stream"):
-            try:
-                content = b"".join([c async for c in resp.aiter_raw()])
-            except httpx.TransportError as e:
-                raise _unavailable(f"the gateway's answer broke off ({type(e).__name__})") from None
-            finally:
-                await resp.aclose()
-            return _Upstream(resp.status_code, headers, content).response()
+            content = await self._read(resp)
+            return _Upstream(resp.status, headers, content).response()
 
-        path = request.url.path
+        path = request.scope["path"]
 
         async def chunks() -> AsyncIterator[bytes]:
             ended = True  # at a frame boundary
+            complete = False
             try:
-                async for chunk in resp.aiter_raw():
+                async for chunk in resp.content.iter_any():
                     if chunk:
                         ended = chunk.endswith(b"\n\n")
                     yield chunk
-            except httpx.TransportError as e:
+                complete = True
+            except (aiohttp.ClientError, TimeoutError) as e:
                 log.warning("stream from %s broke off (%s)", backend.url, type(e).__name__)
                 yield (b"" if ended else b"\n\n") + stream_error_frame(
                     path, _unavailable("the gateway holding this session stopped mid-stream"))
             finally:
-                await resp.aclose()
+                if complete:
+                    resp.release()  # the connection goes back to the pool
+                else:
+                    resp.close()  # mid-answer: the connection cannot be reused
 
-        out = StreamingResponse(chunks(), status_code=resp.status_code,
-                                background=BackgroundTask(resp.aclose))
+        async def close() -> None:  # async: a sync background task would hop to a thread
+            resp.close()
+
+        out = StreamingResponse(chunks(), status_code=resp.status,
+                                background=BackgroundTask(close))
         out.raw_headers = headers
         return out
 
@@ -477,7 +504,7 @@ class Router:
 
     async def dispatch(self, request: Request) -> Response:
         """Route one request (see the module docstring)."""
-        path = request.url.path
+        path = request.scope["path"]
         if path == "/health" and request.method == "GET":
             return self.health()
         path_key = None
@@ -527,18 +554,21 @@ class Router:
         try:
             return await self.dispatch(request)
         except RelayError as e:
-            return error_response(request.url.path, e)
+            return error_response(request.scope["path"], e)
 
     # ------------------------------------------------------------------ health checks
 
     async def check(self, backend: Backend) -> None:
         """One health check of `backend`."""
-        assert self.client is not None
+        assert self.session is not None
         try:
-            r = await self.client.get(backend.url + "/health", timeout=self.config.health_timeout_s)
-            ok = r.status_code == 200
-            data = r.json() if ok else {}
-        except (httpx.HTTPError, ValueError):
+            async with self.session.get(
+                    backend.url + "/health",
+                    timeout=aiohttp.ClientTimeout(total=self.config.health_timeout_s)) as r:
+                ok = r.status == 200
+                data = json.loads(await r.read()) if ok else {}
+            ok = ok and isinstance(data, dict)
+        except (aiohttp.ClientError, TimeoutError, ValueError):
             ok, data = False, {}
         if ok:
             if not backend.healthy:
@@ -557,11 +587,7 @@ class Router:
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         """Open the connection pool and run health checks for the app's lifetime."""
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        timeout = httpx.Timeout(self.config.read_timeout_s, connect=self.config.connect_timeout_s)
-        self.client = httpx.AsyncClient(timeout=timeout, trust_env=False)
-        self.transport = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
-        self._timeout = timeout.as_dict()
+        self.session = open_session(self.config)
         await self.check_all()
 
         async def loop() -> None:
@@ -574,16 +600,36 @@ class Router:
             yield
         finally:
             task.cancel()
-            await self.client.aclose()
-            await self.transport.aclose()
+            await self.session.close()
 
     def app(self) -> Starlette:
-        """The Starlette app: every method on every path goes to `endpoint`."""
-        methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
-        routes = [Route("/{path:path}", self.endpoint, methods=methods)]
-        app = Starlette(routes=routes, lifespan=self.lifespan)
+        """The ASGI app: every method on every path goes to `endpoint`."""
+        app = _RouterApp(self, lifespan=self.lifespan)
         app.state.router = self
         return app
+
+
+class _RouterApp(Starlette):
+    """Starlette for the lifespan and `app.state`; HTTP requests go straight to the router's one
+    endpoint, skipping the middleware stack and route matching a single catch-all route does
+    not need (profiled: about a fifth of the router's own per-call Python time)."""
+
+    def __init__(self, router: Router, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._relay = router
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        scope["app"] = self
+        request = Request(scope, receive, send)
+        try:
+            response = await self._relay.endpoint(request)
+        except Exception:  # what Starlette's error middleware would do, in the route's format
+            log.exception("router error on %s %s", scope["method"], scope["path"])
+            response = error_response(scope["path"], RelayError("internal router error"))
+        await response(scope, receive, send)
 
 
 def create_app(config: RouterConfig) -> Starlette:

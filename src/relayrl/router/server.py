@@ -1,6 +1,6 @@
 """Serve a router with uvicorn: in the foreground (`serve`) or in a thread (`RouterThread`).
 
-May import: relayrl.router, relayrl.errors, uvicorn. Nothing of the gateway's.
+May import: relayrl.router, relayrl.errors, relayrl.asgi, uvicorn. Nothing of the gateway's.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import ipaddress
 import threading
 import time
 
+from relayrl.asgi import run as run_server
+from relayrl.asgi import uvicorn_options
 from relayrl.router.app import Router
 from relayrl.router.config import RouterConfig
 
@@ -27,7 +29,8 @@ def _server(router: Router, host: str, port: int):  # -> uvicorn.Server
     import uvicorn
 
     return uvicorn.Server(uvicorn.Config(router.app(), host=host, port=port, log_level="warning",
-                                         access_log=False, lifespan="on"))
+                                         access_log=False, lifespan="on",
+                                         **uvicorn_options()))
 
 
 def serve(config: RouterConfig) -> None:
@@ -53,7 +56,7 @@ def serve(config: RouterConfig) -> None:
                   f"({healthy}/{len(router.backends)} backends healthy)", flush=True)
         await task
 
-    asyncio.run(run())
+    run_server(run())
 
 
 class RouterThread:

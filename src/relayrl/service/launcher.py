@@ -25,6 +25,7 @@ from relayrl.gateway.routes_rl_v1 import state_of
 from relayrl.gateway.server import GatewayThread, build_deps
 from relayrl.gateway.server import ensure_admin_key as gateway_admin_key
 from relayrl.launch.local import start_engine
+from relayrl.launch.replicas import refuse_replicas
 from relayrl.rollout import RolloutConfig
 from relayrl.rollout.external import ExternalSessionSource, SourceCounters
 from relayrl.train.actor import Actor
@@ -117,6 +118,7 @@ class ServiceLauncher:
     """Starts a `ServiceServices` and prints where agents reach it."""
 
     def __init__(self, config: RelayConfig) -> None:
+        refuse_replicas(config.gateway, "`relayrl serve`")
         self.config = config
         self.services: ServiceServices | None = None
         self._stop_requested = False

@@ -4,8 +4,9 @@ with loss mask, logprobs and weight versions, and the run's curves.
 Served by the gateway at `/view` (`for_gateway`), or alone over a finished run's folder
 (`serve_run_dir`, `main`). Torch-free; sits at the gateway's layer.
 
-May import: `relayrl.chat`, `relayrl.trajectory`, `relayrl.models`, `relayrl.errors`; never
-`relayrl.gateway` (the gateway imports this package), client, workflow, rollout or train.
+May import: `relayrl.chat`, `relayrl.trajectory`, `relayrl.models`, `relayrl.errors`,
+`relayrl.asgi` (how uvicorn runs); never `relayrl.gateway` (the gateway imports this package),
+client, workflow, rollout or train.
 """
 
 from __future__ import annotations
@@ -47,12 +48,15 @@ def serve_run_dir(path: str | Path, host: str = "127.0.0.1", port: int = 8080,
     """Serve the viewer over a finished run (its `sessions.db` and `logs/metrics.jsonl`)."""
     import uvicorn
 
+    from relayrl.asgi import uvicorn_options
+
     if host not in _LOOPBACK and not admin_key:
         raise SystemExit("relayrl view: an admin key (RELAYRL_ADMIN_KEY) is needed off loopback")
     app = run_dir_app(path, model=model, admin_key=admin_key)
     print(f"relayrl view: http://{host}:{port}/view/", flush=True)
     # no access log: a ?token= in a URL must not land in a log file
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
+                **uvicorn_options())
 
 
 def main(args: Sequence[str] | None = None) -> int:

@@ -1,0 +1,56 @@
+"""relayrl.asgi: servers take uvloop and httptools when installed, and fall back cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+
+import httpx
+import pytest
+
+from relayrl import asgi
+from relayrl.engine.fake import FakeEngine
+from relayrl.gateway.config import GatewayConfig
+from relayrl.gateway.server import GatewayThread, build_deps
+
+INSTALLED = all(importlib.util.find_spec(m) for m in ("uvloop", "httptools"))
+
+
+@pytest.mark.skipif(not INSTALLED, reason="uvloop and httptools are core dependencies")
+def test_the_fast_loop_and_parser_are_used_when_installed(monkeypatch) -> None:
+    monkeypatch.delenv("RELAYRL_LOOP", raising=False)
+    monkeypatch.delenv("RELAYRL_HTTP", raising=False)
+    assert asgi.uvicorn_options() == {"loop": "uvloop", "http": "httptools"}
+    loop = asgi.new_event_loop()
+    try:
+        assert type(loop).__module__.startswith("uvloop")
+    finally:
+        loop.close()
+
+
+def test_fallbacks_when_missing_or_turned_off(monkeypatch) -> None:
+    monkeypatch.setattr(asgi, "_installed", lambda module: False)
+    assert asgi.uvicorn_options() == {"loop": "asyncio", "http": "h11"}
+    assert asgi.run(asyncio.sleep(0, "done")) == "done"
+    monkeypatch.undo()
+    monkeypatch.setenv("RELAYRL_LOOP", "asyncio")
+    monkeypatch.setenv("RELAYRL_HTTP", "h11")
+    assert asgi.uvicorn_options() == {"loop": "asyncio", "http": "h11"}
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_a_gateway_thread_serves_on_either_parser(model_dir: str, monkeypatch, http: str) -> None:
+    if http == "httptools" and not INSTALLED:
+        pytest.skip("httptools not installed")
+    monkeypatch.setenv("RELAYRL_HTTP", http)
+    engine = FakeEngine(["hello there"], tokenizer_path=model_dir)
+    cfg = GatewayConfig(model=model_dir, engine="fake", model_label="relayrl-test")
+    with GatewayThread(build_deps(cfg, engine=engine)) as gw:
+        cls = gw.server.config.http
+        assert http.replace("httptools", "HttpTools").lower() in cls.__mro__[1].__name__.lower()
+        with httpx.Client(base_url=gw.url, timeout=30) as c:
+            r = c.post("/v1/chat/completions", json={
+                "model": "relayrl-test", "messages": [{"role": "user", "content": "hi"}],
+                "stream": True})
+            assert r.status_code == 200 and "hello" in r.text and r.text.endswith("\n\n")
+            assert c.get("/v1/models").status_code == 200  # the same keep-alive connection
