@@ -185,7 +185,7 @@ def test_durable_log_recovers_the_aborted_call_and_keeps_finished_ones(
 
 
 def test_a_recorded_id_cannot_be_noted_aborted_too(model_dir: str) -> None:
-    from relayrl.errors import InvalidRequest
+    from relayrl.errors import InvalidRequest, SessionClosed
     from relayrl.trajectory import AbortedCall
 
     s = Session("s1")
@@ -194,7 +194,7 @@ def test_a_recorded_id_cannot_be_noted_aborted_too(model_dir: str) -> None:
         s.record_aborted(AbortedCall("c1", "s1", None, 3, 2, "client_disconnected"))
     s.end()
     s.mark_exported()
-    with pytest.raises(Exception):  # a closed session keeps what it had
+    with pytest.raises(SessionClosed):  # a closed session keeps what it had
         s.record_aborted(AbortedCall("c2", "s1", None, 3, 2, "client_disconnected"))
     assert len(s.aborted_calls) == 1
 
