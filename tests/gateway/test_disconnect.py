@@ -160,9 +160,10 @@ def test_durable_log_recovers_the_aborted_call_and_keeps_finished_ones(
     oc = openai.OpenAI(base_url=gw.url + "/v1", api_key=s["api_key"], max_retries=0)
     first = oc.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}])
     # the second turn extends the first; its client leaves mid-stream
-    stream = oc.chat.completions.create(model="m", stream=True, messages=[
-        {"role": "user", "content": "a"}, {"role": "assistant", "content": "first answer"},
-        {"role": "user", "content": "b"}])
+    second_turn = [{"role": "user", "content": "a"},
+                   {"role": "assistant", "content": "first answer"},
+                   {"role": "user", "content": "b"}]
+    stream = oc.chat.completions.create(model="m", stream=True, messages=second_turn)
     for i, _ in enumerate(stream):
         if i == 3:
             break
@@ -171,17 +172,24 @@ def test_durable_log_recovers_the_aborted_call_and_keeps_finished_ones(
     _wait(lambda: len(session.aborted_calls) == 1)
     first_id = first.id.removeprefix("chatcmpl-")
     assert session.aborted_calls[0].parent_id == first_id
+    # the agent retries that turn: it extends the first call, in the same segment
+    gw.replies.append("second answer")  # type: ignore[attr-defined]
+    retry = oc.chat.completions.create(model="m", messages=second_turn)
+    second_id = retry.id.removeprefix("chatcmpl-")
+    second = session.get(second_id)
+    assert second.parent_id == first_id and second.prompt_source == "extend"
     gw.thread.stop()
     with InteractionLog(tmp_path / "log.db") as log:
         [back] = log.recover()
     assert log.skipped == 0
-    assert [c.id for c in back.interactions] == [first_id]
-    assert back.interactions[0].to_dict() == session.interactions[0].to_dict()
+    assert [c.id for c in back.interactions] == [first_id, second_id]
+    assert [c.to_dict() for c in back.interactions] == [c.to_dict() for c in session.interactions]
     assert back.aborted_calls == session.aborted_calls
     assert back.stats().aborted_calls == 1
     back.end()
-    rows = export_session(back)
-    assert [r.interaction_ids for r in rows] == [[first_id]]
+    rows = export_session(back)  # one concat row: the cut call is in none
+    assert [r.interaction_ids for r in rows] == [[first_id, second_id]]
+    assert rows[0].metadata["aborted_calls"] == 1
 
 
 def test_a_recorded_id_cannot_be_noted_aborted_too(model_dir: str) -> None:

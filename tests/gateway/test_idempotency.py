@@ -212,3 +212,23 @@ async def test_cache_is_bounded_and_dies_with_the_session() -> None:
     assert isinstance(again, Answer)
     fresh = await cache.claim(sessions[0], "k", b"f")  # evicted: runs afresh
     assert not isinstance(fresh, Answer)
+
+
+@pytest.mark.slow
+def test_real_model_stream_retry_is_replayed_not_resampled(real_gw: Gateway) -> None:
+    s = real_gw.start_session()
+    oc = openai.OpenAI(base_url=real_gw.url + "/v1", api_key=s["api_key"], max_retries=0)
+
+    def run(key: str) -> tuple[str, str]:
+        chunks = list(oc.chat.completions.create(
+            model="m", stream=True, max_tokens=12, temperature=1.0,
+            messages=[{"role": "user", "content": "Name a random animal."}],
+            extra_headers={"Idempotency-Key": key}))
+        return chunks[0].id, "".join(c.choices[0].delta.content or "" for c in chunks
+                                     if c.choices)
+
+    first = run("real-1")
+    assert run("real-1") == first
+    session = _session(real_gw, s["session_id"])
+    assert len(session.interactions) == 1
+    assert session.interactions[0].reply.content == first[1]
