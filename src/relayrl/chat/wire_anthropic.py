@@ -68,6 +68,7 @@ _ERROR_TYPES: dict[int, str] = {
     404: "not_found_error",
     409: "invalid_request_error",
     413: "request_too_large",
+    422: "invalid_request_error",
     429: "rate_limit_error",
     503: "overloaded_error",
     529: "overloaded_error",

@@ -24,9 +24,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relayrl import viewer
-from relayrl.chat.completion import CompletionRequest
+from relayrl.chat.completion import Choice, Completion, CompletionRequest, TokenLogprob
+from relayrl.chat.conversation import (
+    ContentDelta,
+    ParsedReply,
+    ReasoningDelta,
+    ReplyDelta,
+    ToolCallDelta,
+)
 from relayrl.errors import InvalidRequest, RelayError, SessionClosed
-from relayrl.gateway import openapi, rollout_callback, routes_rl, routes_rl_v1
+from relayrl.gateway import idempotency, openapi, rollout_callback, routes_rl, routes_rl_v1
 from relayrl.gateway.auth import calling_session, redact_path
 from relayrl.gateway.bodies import read_json
 from relayrl.gateway.core import (
@@ -62,12 +69,14 @@ def _parse(deps: GatewayDeps, wire: Wire, body: Any) -> CompletionRequest:
 async def serve_completion(request: Request, wire: Wire) -> Any:
     """Parse a call in `wire` format, run it, and answer in the same format.
 
-    The caller's key (path or header) is checked before the body is read or parsed.
+    The caller's key (path or header) is checked before the body is read or parsed. A session
+    call with an `Idempotency-Key` that was answered before gets that answer again (`idempotency`).
     """
     request.state.wire = wire
     deps = _deps(request)
     # who is calling is known from the headers and path: refuse a stranger before reading a body
     session = calling_session(deps, request)
+    idem_key = idempotency.read_key(request.headers)
     body = await read_json(request)
     req = _parse(deps, wire, body)
     callback = rollout_callback.from_body(body) if wire is OPENAI_CHAT else None
@@ -77,17 +86,69 @@ async def serve_completion(request: Request, wire: Wire) -> Any:
         session_open(deps, session)
     if req.n > deps.config.max_n:
         raise InvalidRequest(f"n={req.n} is more than this gateway serves ({deps.config.max_n})")
-    call = await prepare_async(deps, session, req)
-    if not req.stream:
-        completion = await _unless_client_leaves(request, complete(deps, session, req, call))
-        if completion is None:
-            return Response(status_code=499)  # nobody is listening; nothing was recorded
-        payload = wire.format.render_completion(completion, req)
-        if callback is not None and session is not None:
-            rollout_callback.apply(session, completion, callback, payload)
-        return JSONResponse(payload)
-    return EventStream(_sse(deps, wire, session, call), media_type="text/event-stream",
-                       headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+    slot: idempotency.Slot | None = None
+    if idem_key is not None and session is not None:  # an unrecorded call has nothing to replay
+        claimed = await deps.idempotency.claim(session, idem_key,
+                                               idempotency.fingerprint(wire.name, body))
+        if isinstance(claimed, idempotency.Answer):
+            return _replay(deps, wire, req, claimed)
+        slot = claimed
+    try:
+        call = await prepare_async(deps, session, req)
+        if not req.stream:
+            completion = await _unless_client_leaves(request, complete(deps, session, req, call))
+            if completion is None:
+                return Response(status_code=499)  # nobody is listening; noted as aborted
+            payload = wire.format.render_completion(completion, req)
+            if callback is not None and session is not None:
+                rollout_callback.apply(session, completion, callback, payload)
+            if slot is not None:
+                deps.idempotency.fulfil(slot, idempotency.Answer(completion, payload))
+            return JSONResponse(payload)
+        stream = EventStream(_sse(deps, wire, session, call, slot), media_type="text/event-stream",
+                             headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+        slot = None  # the stream owns it now: it fulfils or releases it as it ends
+        return stream
+    finally:
+        if slot is not None:
+            deps.idempotency.release(slot)
+
+
+def _replay(deps: GatewayDeps, wire: Wire, req: CompletionRequest,
+            answer: idempotency.Answer) -> Any:
+    """The recorded answer to a retried call: the same body, or the same events as a stream."""
+    if answer.payload is not None:
+        return JSONResponse(answer.payload)
+    c = answer.completion
+    enc = wire.format.StreamEncoder.for_request(replace(req, model=deps.model_label), c.id,
+                                                c.created)
+    frames = enc.start(prompt_tokens=c.prompt_tokens)
+    for ch in c.choices:
+        for d in reply_deltas(ch.reply):
+            frames += enc.delta(ch.index, d, None)
+        if ch.logprobs:
+            frames += enc.delta(ch.index, None, ch.logprobs)
+        frames += enc.finish(ch.index, ch.finish_reason, ch.interaction_id,
+                             stop_sequence=ch.stop_sequence)
+    frames += enc.end(c.prompt_tokens, c.completion_tokens)
+
+    async def once() -> AsyncIterator[str]:
+        yield "".join(frames)
+
+    return StreamingResponse(once(), media_type="text/event-stream",
+                             headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+
+def reply_deltas(reply: ParsedReply) -> list[ReplyDelta]:
+    """A whole parsed reply as stream deltas: reasoning, text, then each tool call at once."""
+    out: list[ReplyDelta] = []
+    if reply.reasoning:
+        out.append(ReasoningDelta(reply.reasoning))
+    if reply.content:
+        out.append(ContentDelta(reply.content))
+    for i, tc in enumerate(reply.tool_calls):
+        out.append(ToolCallDelta(i, tc.arguments, id=tc.id, name=tc.name))
+    return out
 
 
 async def answer_completion(request: Request, wire: Wire) -> Any:
@@ -129,8 +190,8 @@ class EventStream(StreamingResponse):
     uvicorn speaks ASGI 2.3, where sending to a gone client does not fail, so Starlette runs
     every stream in an anyio task group beside a task listening for the disconnect; that costs
     about a tenth of a short streamed call. Here a bare asyncio task listens instead and, if the
-    client leaves, cancels the streaming task (which closes the generator, so the engine stops and
-    nothing is recorded, as before) and the cancellation is absorbed.
+    client leaves, cancels the streaming task and closes the generator (so the engine stops and the
+    call is noted as aborted, never recorded as finished) and the cancellation is absorbed.
     """
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -144,6 +205,11 @@ class EventStream(StreamingResponse):
             if not state.client_left:
                 raise
             streaming.uncancel()
+            # close the body now, not when it is collected: its cleanup stops the engine and
+            # notes the call as aborted (a cancel while awaiting `send` leaves it suspended)
+            closer = getattr(self.body_iterator, "aclose", None)
+            if closer is not None:
+                await closer()
         finally:
             state.done = True
             watcher.cancel()
@@ -181,14 +247,18 @@ def session_open(deps: GatewayDeps, session: Session) -> None:
 
 
 async def _sse(deps: GatewayDeps, wire: Wire, session: Session | None,
-               call: PreparedCall) -> AsyncIterator[str]:
+               call: PreparedCall, slot: idempotency.Slot | None = None) -> AsyncIterator[str]:
     # every frame names the policy that answers, as the non-streamed reply does
     req = replace(call.request, model=deps.model_label)
-    enc = wire.format.StreamEncoder.for_request(req, call.interaction_ids[0], int(time.time()))
+    created = int(time.time())
+    enc = wire.format.StreamEncoder.for_request(req, call.interaction_ids[0], created)
     prompt_tokens = len(call.prompt_ids)
     completion_tokens = 0
-    yield "".join(enc.start(prompt_tokens=prompt_tokens))
+    # kept only for an Idempotency-Key retry: the choices as they finished, logprobs per choice
+    choices: list[Choice] = []
+    lps: dict[int, list[TokenLogprob]] = {}
     try:
+        yield "".join(enc.start(prompt_tokens=prompt_tokens))
         # one write per batch of ready events, not one per token
         async with aclosing(complete_stream_batches(deps, session, call)) as batches:
             async for batch in batches:
@@ -198,14 +268,27 @@ async def _sse(deps: GatewayDeps, wire: Wire, session: Session | None,
                         completion_tokens += ev.output_tokens
                         frames += enc.finish(ev.index, ev.finish_reason, ev.interaction_id,
                                              stop_sequence=ev.stop_sequence)
+                        if slot is not None:
+                            got = lps.get(ev.index)
+                            choices.append(Choice(ev.index, ev.reply, ev.finish_reason,
+                                                  ev.interaction_id,
+                                                  tuple(got) if got is not None else None,
+                                                  ev.output_tokens, ev.stop_sequence))
                         continue
                     last = len(ev.deltas) - 1
                     for i, d in enumerate(ev.deltas):
                         frames += enc.delta(ev.index, d, ev.logprobs if i == last else None)
                     if not ev.deltas and ev.logprobs:
                         frames += enc.delta(ev.index, None, ev.logprobs)
+                    if slot is not None and ev.logprobs:
+                        lps.setdefault(ev.index, []).extend(ev.logprobs)
                 if frames:
                     yield "".join(frames)
+        if slot is not None:
+            choices.sort(key=lambda ch: ch.index)
+            deps.idempotency.fulfil(slot, idempotency.Answer(Completion(
+                id=call.interaction_ids[0], model=deps.model_label, created=created,
+                choices=tuple(choices), prompt_tokens=prompt_tokens)))
     except RelayError as e:
         yield "".join(enc.error(e))
         return
@@ -213,6 +296,9 @@ async def _sse(deps: GatewayDeps, wire: Wire, session: Session | None,
         log.exception("unexpected error while streaming", exc_info=e)
         yield "".join(enc.error(RelayError("internal error; the gateway log has the details")))
         return
+    finally:
+        if slot is not None:
+            deps.idempotency.release(slot)  # no-op once fulfilled
     yield "".join(enc.end(prompt_tokens, completion_tokens))
 
 

@@ -12,14 +12,15 @@ A conversation that does render (a first call, a GRPO group's shared prompt) goe
 exact-match `RenderCache`, since the same prompt is sent many times.
 
 May import: `relayrl.chat`, `relayrl.engine.base` (the protocol), `relayrl.trajectory`,
-`relayrl.types`, `relayrl.errors`, `gateway.config` and `gateway.session_store`; no FastAPI (the
-routes are in `app` and `routes_rl`), no torch.
+`relayrl.types`, `relayrl.errors`, `gateway.config`, `gateway.idempotency` and
+`gateway.session_store`; no FastAPI (the routes are in `app` and `routes_rl`), no torch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections import OrderedDict
@@ -33,11 +34,14 @@ from relayrl.chat.detokenize import IncrementalDecoder
 from relayrl.chat.parsers import StreamingReplyParser, parse_reply, prompt_opens_reasoning
 from relayrl.chat.renderer import Renderer
 from relayrl.engine.base import InferenceEngine
-from relayrl.errors import ContextLengthExceeded, InvalidRequest
+from relayrl.errors import ContextLengthExceeded, InvalidRequest, RelayError
 from relayrl.gateway.config import GatewayConfig
+from relayrl.gateway.idempotency import IdempotencyCache
 from relayrl.gateway.session_store import SessionStore
-from relayrl.trajectory import BranchReason, Interaction, InteractionLog, Session
+from relayrl.trajectory import AbortedCall, BranchReason, Interaction, InteractionLog, Session
 from relayrl.types import FinishReason, GenerateOutput, GenerateRequest, TokenChunk
+
+log = logging.getLogger("relayrl.gateway")
 
 TOOL_CALL_OPEN = "<tool_call>\n"
 """Hermes/Qwen tool-call opening, used to force a call when `tool_choice` demands one."""
@@ -136,6 +140,8 @@ class GatewayDeps:
     """Prompt ids of recently rendered conversations."""
     announced_version: int = 0
     """The version an external trainer says it pushed to the engine (`/rl/v1/set_version`)."""
+    idempotency: IdempotencyCache = field(default_factory=IdempotencyCache)
+    """Answers kept for calls retried with an `Idempotency-Key`."""
 
     @property
     def policy_version(self) -> int:
@@ -342,17 +348,41 @@ def record(deps: GatewayDeps, session: Session | None, call: PreparedCall, index
     return iid
 
 
+CLIENT_DISCONNECTED = "client_disconnected"
+"""`AbortedCall.reason` of a call whose client left before the answer was out."""
+
+
+def record_aborted(deps: GatewayDeps, session: Session | None, call: PreparedCall, index: int,
+                   output_tokens: int | None, reason: str = CLIENT_DISCONNECTED) -> None:
+    """Note in the session that choice `index` of `call` was cut off (never raises)."""
+    if session is None or session.state not in ("open", "ended"):
+        return  # unrecorded, or closed meanwhile: nothing to add to
+    try:
+        session.record_aborted(AbortedCall(
+            id=call.interaction_ids[index], session_id=session.id,
+            parent_id=None if call.parent is None else call.parent.id,
+            prompt_tokens=len(call.prompt_ids), output_tokens=output_tokens, reason=reason,
+            created=time.time()))
+    except RelayError as exc:  # runs while a call is being torn down: report, never raise
+        log.warning("could not record an aborted call: %s", exc)
+
+
 async def complete(deps: GatewayDeps, session: Session | None, req: CompletionRequest,
                    call: PreparedCall | None = None) -> Completion:
     """Serve a non-streamed call: n samples, parsed, recorded (`call`: already prepared)."""
     if call is None:
         call = prepare(deps, session, req)
-    if req.n == 1:  # no gather: it would wrap the one call in a task of its own
-        outs = [await deps.engine.generate(_engine_request(deps, call, 0))]
-    else:
-        outs = await asyncio.gather(
-            *(deps.engine.generate(_engine_request(deps, call, i)) for i in range(req.n))
-        )
+    try:
+        if req.n == 1:  # no gather: it would wrap the one call in a task of its own
+            outs = [await deps.engine.generate(_engine_request(deps, call, 0))]
+        else:
+            outs = await asyncio.gather(
+                *(deps.engine.generate(_engine_request(deps, call, i)) for i in range(req.n))
+            )
+    except asyncio.CancelledError:  # the client left (or the server stops): nobody gets it
+        for i in range(req.n):
+            record_aborted(deps, session, call, i, None)
+        raise
     choices = []
     for i, out in enumerate(outs):
         reply = parse_reply(call.forced_prefix + visible_text(deps, out), call.starts_in_reasoning)
@@ -405,12 +435,15 @@ class _ChoiceStream:
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.seen = ""   # all decoded text
         self.fed = 0     # how much of it the parser has had (the rest may hold a stop string)
+        self.done = False
+        self.sampled = 0  # output tokens received so far
 
     def start(self) -> list[ReplyDelta]:
         return self.parser.feed(self.call.forced_prefix) if self.call.forced_prefix else []
 
     def push(self, chunk: TokenChunk) -> StreamDelta:
         self.chunks.append(chunk)
+        self.sampled += len(chunk.ids)
         stop_ids = self.stop_ids
         ids = chunk.ids if stop_ids.isdisjoint(chunk.ids) else [
             t for t in chunk.ids if t not in stop_ids]
@@ -429,6 +462,7 @@ class _ChoiceStream:
         return StreamDelta(self.index, out, lps)
 
     def finish(self, session: Session | None) -> tuple[StreamDelta, StreamFinish]:
+        self.done = True
         out = GenerateOutput.from_chunks(self.chunks)
         full = self.seen + self.decoder.flush()
         if out.stop_string and (cut := full.find(out.stop_string)) >= 0:
@@ -450,6 +484,10 @@ async def complete_stream_batches(
     A batch is what a route can send in one write: when the engine hands over several chunks
     before the route gets to run (a fast engine, or n > 1), they go out together instead of one
     network write per token. Each chunk still makes its own deltas, so no event is merged.
+
+    A consumer that stops early (closes the generator, or is cancelled: the client left) stops
+    the engine, and each choice not yet finished is noted as an `AbortedCall`, never recorded as
+    a finished call with a cut reply.
     """
     queue: asyncio.Queue[tuple[int, TokenChunk | BaseException | None]] = asyncio.Queue()
     streams = [_ChoiceStream(deps, call, i) for i in range(call.request.n)]
@@ -492,6 +530,13 @@ async def complete_stream_batches(
                 yield batch
             if error is not None:
                 raise error
+    except (GeneratorExit, asyncio.CancelledError):
+        for t in tasks:  # stop sampling first: the engine drops the sequences
+            t.cancel()
+        for s in streams:
+            if not s.done:
+                record_aborted(deps, session, call, s.index, s.sampled)
+        raise
     finally:
         for t in tasks:
             t.cancel()

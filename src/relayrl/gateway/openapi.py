@@ -74,6 +74,13 @@ def _body(ref: dict[str, Any], required: bool) -> dict[str, Any]:
     return {"required": required, "content": {"application/json": {"schema": ref}}}
 
 
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key", "in": "header", "required": False,
+    "description": "a retry with the same key (same session, same body) gets the recorded answer",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+}
+
+
 def build_openapi(app: FastAPI) -> dict[str, Any]:
     """The OpenAPI document of `app`, completed with what FastAPI cannot see."""
     with warnings.catch_warnings():  # one endpoint serving GET and POST: ids are redone below
@@ -102,6 +109,8 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                 "requestBody": _body(refs[model.__name__], True),
                 "responses": {"200": {"description": "the reply (JSON, or SSE when streaming)"}},
             }
+            if not path.endswith("/count_tokens"):  # it generates nothing: nothing to retry
+                paths[prefix + path]["post"]["parameters"] = [_IDEMPOTENCY_KEY]
     paths.setdefault(SESSION_PREFIX + "/v1/models", {})["get"] = {
         "summary": "the policy being served (session by path key)", "operationId": "keyed_models",
         "responses": {"200": {"description": "OpenAI list shape"}}}

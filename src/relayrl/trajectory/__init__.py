@@ -36,7 +36,13 @@ from relayrl.trajectory.interchange import (
     write_jsonl,
     write_parquet,
 )
-from relayrl.trajectory.records import BranchReason, EventKind, Interaction, Segment
+from relayrl.trajectory.records import (
+    AbortedCall,
+    BranchReason,
+    EventKind,
+    Interaction,
+    Segment,
+)
 from relayrl.trajectory.session import (
     Located,
     Session,
@@ -53,6 +59,7 @@ __all__ = [
     "DEFAULT_CREDIT_RULE",
     "DEFAULT_EXPORT_STYLE",
     "SCHEMA_VERSION",
+    "AbortedCall",
     "BranchReason",
     "CallTree",
     "CreditFn",

@@ -125,6 +125,8 @@ def export_session(
         "discount": discount,
         "final_reward": session.final_reward,
         "session": dict(session.metadata),
+        # calls cut off before they finished make no row (their client never saw them)
+        "aborted_calls": len(session.aborted_calls),
     }
     if style == ExportStyle.INDIVIDUAL:
         return [_individual_row(session, c, credited[c.id], base_meta)

@@ -60,6 +60,45 @@ class EventKind(StrEnum):
     EXPORTED = "exported"
     """The trainer acknowledged the export: the session need not be recovered."""
     ABORTED = "aborted"
+    CALL_ABORTED = "call_aborted"
+    """Body: an `AbortedCall` (a call that never finished: its client left before the answer)."""
+
+
+@dataclass(frozen=True)
+class AbortedCall:
+    """A call that was cut off before it finished: its client left, so its generation stopped.
+
+    It is kept beside the tree of finished calls, never in it: no later call can extend tokens the
+    client never received, and its partial output is never trained on (docs/trajectory-format.md).
+    """
+
+    id: str
+    """The interaction id the call would have been recorded under."""
+    session_id: str
+    parent_id: str | None
+    """The stored call the request extended (where it would have hung in the tree)."""
+    prompt_tokens: int
+    output_tokens: int | None
+    """Tokens sampled before the generation stopped (None: not counted, a non-streamed call)."""
+    reason: str
+    """Why it stopped: `client_disconnected`."""
+    created: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the journal body)."""
+        return {"id": self.id, "session_id": self.session_id, "parent_id": self.parent_id,
+                "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
+                "reason": self.reason, "created": self.created}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AbortedCall:
+        """Inverse of `to_dict`."""
+        out = d.get("output_tokens")
+        return cls(id=str(d["id"]), session_id=str(d["session_id"]),
+                   parent_id=None if d.get("parent_id") is None else str(d["parent_id"]),
+                   prompt_tokens=int(d["prompt_tokens"]),
+                   output_tokens=None if out is None else int(out),
+                   reason=str(d["reason"]), created=float(d.get("created", 0.0)))
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from relayrl.errors import (
 )
 from relayrl.trajectory.credit import CallTree
 from relayrl.trajectory.records import (
+    AbortedCall,
     BranchReason,
     EventKind,
     Interaction,
@@ -138,6 +139,8 @@ class SessionStats:
     """Calls with an explicit reward."""
     branch_reasons: dict[str, int] = field(default_factory=dict)
     """New segments by `BranchReason`."""
+    aborted_calls: int = 0
+    """Calls cut off before they finished (`AbortedCall`), kept out of the tree."""
 
 
 @dataclass
@@ -183,6 +186,7 @@ class Session:
         self._index: dict[bytes, str] = {}  # context + prefix hash -> call id
         self._message_index: dict[bytes, str] = {}  # prefix hash alone -> call id
         self._branch_reasons: Counter[str] = Counter()
+        self._aborted_calls: dict[str, AbortedCall] = {}
         # id(conversation) -> (conversation, context hash, running hash of all its messages), so
         # `record` reuses what `locate` hashed; the entry holds the object, so an id is never
         # confused with a later object's.
@@ -300,7 +304,13 @@ class Session:
             segments=len(self._segments),
             rewarded=sum(c.reward is not None for c in self._calls.values()),
             branch_reasons=dict(self._branch_reasons),
+            aborted_calls=len(self._aborted_calls),
         )
+
+    @property
+    def aborted_calls(self) -> tuple[AbortedCall, ...]:
+        """Calls cut off before they finished, in the order they stopped (never trained on)."""
+        return tuple(self._aborted_calls.values())
 
     # ---- recording ----------------------------------------------------------------------------
 
@@ -379,10 +389,25 @@ class Session:
         self._message_index[message_key] = interaction.id
         self.touch()
 
+    def record_aborted(self, call: AbortedCall) -> None:
+        """Note a call that never finished (journaled first); it joins no segment and no row.
+
+        Accepted while the session is open or ended (a call may be cut off as the agent ends);
+        a closed session keeps what it had.
+        """
+        self._require(SessionState.OPEN, SessionState.ENDED)
+        if call.session_id != self.id:
+            raise InvalidRequest(f"aborted call {call.id} belongs to session {call.session_id}")
+        if call.id in self._calls or call.id in self._aborted_calls:
+            raise InvalidRequest(f"interaction {call.id} is already recorded")
+        self._write(EventKind.CALL_ABORTED, call.to_dict())
+        self._aborted_calls[call.id] = call
+        self.touch()
+
     def _check_fits(self, c: Interaction) -> None:
         if c.session_id != self.id:
             raise InvalidRequest(f"interaction {c.id} belongs to session {c.session_id}")
-        if c.id in self._calls:
+        if c.id in self._calls or c.id in self._aborted_calls:
             raise InvalidRequest(f"interaction {c.id} is already recorded")
         if c.parent_id is not None and c.parent_id not in self._calls:
             raise NotFound(f"interaction {c.id}: unknown parent {c.parent_id}")

@@ -1,8 +1,8 @@
 """The durable log: every session event appended to SQLite (WAL mode) before the gateway replies,
 and replayed to rebuild unexported sessions after a restart.
 
-One table of events (session start, each finished call, rewards, end, export acknowledgement,
-abort) in append order. Each append is one small transaction through a cached prepared
+One table of events (session start, each finished call, each call cut off before it finished,
+rewards, end, export acknowledgement, abort) in append order. Each append is one small transaction through a cached prepared
 statement. With `synchronous="NORMAL"` (the default) a committed append survives a crash of the
 process, at ~tens of microseconds; `"FULL"` also survives power loss, at an fsync per append.
 A call's entry stores only what its parent does not already hold (see
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.errors import InvalidRequest, RelayError, Unavailable
-from relayrl.trajectory.records import EventKind, from_log_dict
+from relayrl.trajectory.records import AbortedCall, EventKind, from_log_dict
 from relayrl.trajectory.session import Session, SessionState
 
 log = logging.getLogger(__name__)
@@ -157,6 +157,8 @@ def _apply(
         parent_id = body.get("parent_id")
         parent = session.get(parent_id) if parent_id else None
         session.record(from_log_dict(body, parent))
+    elif kind == EventKind.CALL_ABORTED:
+        session.record_aborted(AbortedCall.from_dict(body))
     elif kind == EventKind.REWARD:
         session.set_reward(body["interaction_id"], body["reward"])
     elif kind == EventKind.FINAL_REWARD:
