@@ -47,7 +47,7 @@ class Service:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.log = log
         self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + timeout_s  # the warm-start runs before it listens
+        deadline = time.monotonic() + timeout_s  # loading the model, before it listens
         while "relayrl service listening at" not in log.read_text():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the service did not start:\n{log.read_text()[-3000:]}")
@@ -62,21 +62,32 @@ class Service:
         """`GET /rl/v1/status`."""
         return httpx.get(f"{self.url}/rl/v1/status", timeout=30).json()
 
+    def wait_for(self, done: Any, what: str, timeout_s: float) -> dict[str, Any]:
+        """Block until `done(status)` holds (bounded by `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            s = self.status()
+            if done(s):
+                return s
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the service exited:\n{self.log.read_text()[-3000:]}")
+            time.sleep(1.0)
+        raise TimeoutError(f"not {what} within {timeout_s} s: {self.status()}")
+
     def wait_for_batches(self, batches: int, timeout_s: float) -> dict[str, Any]:
         """Block until the trainer has consumed `batches` batches (bounded).
 
         Batches, not optimizer steps: a batch whose groups all got one reward carries no signal
         and takes no step (it still moves the version on).
         """
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            s = self.status()
-            if s["trainer"]["batches"] >= batches:
-                return s
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the service exited:\n{self.log.read_text()[-3000:]}")
-            time.sleep(1.0)
-        raise TimeoutError(f"not {batches} batches within {timeout_s} s: {self.status()}")
+        return self.wait_for(lambda s: s["trainer"]["batches"] >= batches,
+                             f"{batches} batches", timeout_s)
+
+    def wait_until_training(self, timeout_s: float) -> dict[str, Any]:
+        """Block until the service's warm-start is over (it listens from the start, but admits
+        sessions only once the trainer takes batches)."""
+        return self.wait_for(lambda s: s["trainer"]["phase"] == "training", "warmed up",
+                             timeout_s)
 
     def stop(self) -> str:
         """SIGTERM, wait, and return the service's output."""
@@ -159,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
                  f"rollout.group_size={args.group_size}", f"rollout.batch_size={args.batch_size}"]
     svc = Service(overrides, run_dir / "serve.log")
     try:
+        svc.wait_until_training(args.step_timeout_s)
         before = asyncio.run(evaluate(svc.url, svc.admin_key, eval_items, args.max_tokens))
         print(f"held-out reward before RL (after the service's warm-start): {before:.3f}",
               flush=True)

@@ -184,6 +184,13 @@ def test_a_sigterm_during_the_warm_start_still_stops_the_service(tmp_path: Path,
     try:
         status = svc.status()
         assert status["trainer"]["batches"] == 0  # counters exist before the trainer asks
+        assert status["trainer"]["phase"] == "warming_up"
+        # no session starts on the weights from before SFT (they would be trained as version 0
+        # of the warmed policy): a 429 that says why, with Retry-After
+        r = httpx.post(f"{svc.url}/rl/v1/start_session", json={},
+                       headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
+        assert r.status_code == 429, r.text
+        assert "warming up" in r.json()["error"]["message"] and int(r.headers["retry-after"]) >= 1
         assert svc.stop(timeout_s=240) == 0
     finally:
         if svc.proc.poll() is None:

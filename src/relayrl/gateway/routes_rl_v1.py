@@ -42,8 +42,17 @@ RETIRED_KEYS = 1 << 16
 RECENT_REWARDS = 100
 """Final rewards averaged by `/rl/v1/status`."""
 
-Admission = Callable[[GatewayDeps], float | None]
-"""Decides whether a session may start now: None admits, a number refuses for that many seconds."""
+@dataclass(frozen=True)
+class Refusal:
+    """Why `start_session` is refused now, and when to ask again."""
+
+    retry_after_s: float
+    reason: str = "the trainer is behind"
+
+
+Admission = Callable[[GatewayDeps], "Refusal | float | None"]
+"""Decides whether a session may start now: None admits; a `Refusal` (or a number of seconds,
+meaning the trainer is behind) refuses with a 429 and `Retry-After`."""
 
 
 @dataclass
@@ -144,7 +153,8 @@ async def start_session(request: Request) -> Any:
     if state.admit is not None:
         wait = state.admit(deps)
         if wait is not None:
-            return _too_busy(request, "the trainer is behind", wait)
+            refusal = wait if isinstance(wait, Refusal) else Refusal(wait)
+            return _too_busy(request, refusal.reason, refusal.retry_after_s)
     try:
         _capacity(deps)  # refreshes the staleness rule start_session enforces
         session = deps.store.start_session(task_id=group, metadata=body.metadata,

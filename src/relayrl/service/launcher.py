@@ -21,7 +21,7 @@ from relayrl.client import SessionClient
 from relayrl.config import RelayConfig
 from relayrl.engine import InferenceEngine
 from relayrl.gateway.config import GatewayConfig
-from relayrl.gateway.routes_rl_v1 import state_of
+from relayrl.gateway.routes_rl_v1 import Refusal, state_of
 from relayrl.gateway.server import GatewayThread, build_deps
 from relayrl.gateway.server import ensure_admin_key as gateway_admin_key
 from relayrl.launch.local import start_engine
@@ -32,6 +32,8 @@ from relayrl.train.actor import Actor
 
 DRAIN_RETRY_S = 30.0
 """`Retry-After` for sessions refused while the service shuts down."""
+WARMUP_RETRY_S = 2.0
+"""`Retry-After` for sessions refused while the trainer warm-starts."""
 
 
 def service_gateway_config(cfg: RelayConfig) -> GatewayConfig:
@@ -70,12 +72,31 @@ class ServiceServices:
     def __post_init__(self) -> None:
         v1 = state_of(self.gateway.app)
         v1.status_extra = self.status
-        v1.admit = lambda deps: DRAIN_RETRY_S if self.draining else None
+        v1.admit = self._admit
+
+    @property
+    def phase(self) -> str:
+        """"warming_up" until the trainer asks for batches (after its SFT warm-start), then
+        "training"; "draining" once stopping."""
+        if self.draining:
+            return "draining"
+        return "warming_up" if self.source is None else "training"
+
+    def _admit(self, _deps: Any) -> Refusal | None:
+        # During the warm-start the engine still serves the weights from before SFT, under the
+        # same version 0 the warmed weights get: sessions sampled then would be trained as if
+        # from the warmed policy, so none start until the trainer is ready for them.
+        if self.draining:
+            return Refusal(DRAIN_RETRY_S, "the service is shutting down")
+        if self.source is None:
+            return Refusal(WARMUP_RETRY_S, "the service is warming up (SFT) before it trains")
+        return None
 
     def status(self) -> dict[str, Any]:
-        """The trainer's side of `/rl/v1/status`: steps, and what the source has seen."""
-        return {"trainer": {"step": self.actor.step, "version": self.actor.version,
-                            "draining": self.draining, **self.counters.as_dict()}}
+        """The trainer's side of `/rl/v1/status`: phase, steps, and what the source has seen."""
+        return {"trainer": {"phase": self.phase, "step": self.actor.step,
+                            "version": self.actor.version, "draining": self.draining,
+                            **self.counters.as_dict()}}
 
     def batches(self, workflow: Any, workflow_kwargs: dict[str, Any] | None,
                 dataset: Sequence[dict[str, Any]], rollout: RolloutConfig,
