@@ -17,7 +17,7 @@ from relayrl.config import RelayConfig, load_config
 from relayrl.engine.fake import FakeEngine
 from relayrl.errors import ConfigError, EngineError
 from relayrl.launch.local import LocalLauncher, LocalServices
-from relayrl.launch.replicas import AllEngines
+from relayrl.launch.replicas import AllEngines, replica_share
 from relayrl.launch.run import run_from_config
 from relayrl.service.launcher import ServiceLauncher, service_gateway_config
 from relayrl.train.actor import Actor
@@ -88,12 +88,13 @@ def test_replicas_with_a_remote_engine_are_refused_with_the_reason() -> None:
         serving_gateway_config(load_config(RelayConfig, None, ["gateway.replicas=2"]), "m")
 
 
-def test_a_service_splits_its_staleness_budget_over_the_replicas() -> None:
+def test_a_staleness_budget_is_split_over_the_replicas() -> None:
     one = load_config(RelayConfig, None, ["rollout.batch_size=3", "rollout.group_size=2"])
     four = load_config(RelayConfig, None, ["rollout.batch_size=3", "rollout.group_size=2",
                                             "gateway.replicas=4"])
     assert service_gateway_config(one).batch_size == 6
     assert service_gateway_config(four).batch_size == 2  # ceil(6 / 4): about one budget in all
+    assert [replica_share(8, 2), replica_share(7, 2), replica_share(1, 3)] == [4, 4, 1]
 
 
 def test_a_weight_push_fails_loudly_when_one_replica_fails() -> None:

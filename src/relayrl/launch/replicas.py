@@ -137,6 +137,12 @@ def replica_log_path(log_path: str | None, index: int, replicas: int) -> str | N
     return str(p.with_name(f"{p.stem}.r{index}{p.suffix}"))
 
 
+def replica_share(batch_size: int, replicas: int) -> int:
+    """Each replica's part of a staleness budget counted in sessions (rounded up): the router
+    tries the next replica when one refuses, so N replicas admit about one budget, not N."""
+    return -(-batch_size // replicas)
+
+
 def refuse_replicas(config: GatewayConfig, where: str) -> None:
     """Raise a clear ConfigError where `gateway.replicas > 1` is not supported (`where`)."""
     if config.replicas > 1:
@@ -152,6 +158,8 @@ def serve_replicas(config: GatewayConfig, admin_key_file: Path | None = None, *,
         raise ConfigError(f"refusing to listen on {config.host}, which is not loopback, with no "
                           "admin key: pass --admin-key")
     config, key_file = ensure_admin_key(config, admin_key_file)  # one key for every replica
+    if config.max_staleness is not None:
+        config = replace(config, batch_size=replica_share(config.batch_size, config.replicas))
     stop = stop or threading.Event()
     handlers = {}
     if threading.current_thread() is threading.main_thread():

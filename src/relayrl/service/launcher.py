@@ -14,7 +14,6 @@ Imports: engine, gateway, client, train (ports, actor), config, service.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,7 +27,7 @@ from relayrl.gateway.routes_rl_v1 import state_of
 from relayrl.gateway.server import GatewayThread, build_deps
 from relayrl.gateway.server import ensure_admin_key as gateway_admin_key
 from relayrl.launch.local import check_replica_engines, start_engine, start_engines
-from relayrl.launch.replicas import AllEngines, Replicas, start_replicas
+from relayrl.launch.replicas import AllEngines, Replicas, replica_share, start_replicas
 from relayrl.rollout import RolloutConfig
 from relayrl.rollout.external import ExternalSessionSource, SourceCounters
 from relayrl.train.actor import Actor
@@ -40,12 +39,11 @@ DRAIN_RETRY_S = 30.0
 def service_gateway_config(cfg: RelayConfig) -> GatewayConfig:
     """The gateway's settings for a service: the staleness rule counted in sessions.
 
-    With replicas, each gateway admits its share of a batch's sessions (rounded up): the router
-    tries the next gateway when one refuses, so together they admit about one budget, not N.
+    With replicas, each gateway admits its share of a batch's sessions (`replica_share`).
     """
     r = cfg.rollout
-    share = math.ceil(r.batch_size * r.group_size / cfg.gateway.replicas)
-    return replace(cfg.gateway_config(), max_staleness=r.max_staleness, batch_size=share)
+    return replace(cfg.gateway_config(), max_staleness=r.max_staleness,
+                   batch_size=replica_share(r.batch_size * r.group_size, cfg.gateway.replicas))
 
 
 def ensure_admin_key(cfg: RelayConfig) -> tuple[RelayConfig, Path | None]:
