@@ -5,8 +5,9 @@ its SHA-256) and id to that backend; every later call carrying the key (header o
 path) or naming the id (`/sessions/{id}/`, or `session_id` in an admin body) goes to it.
 Completions are relayed byte for byte (streams chunk by chunk, as they arrive). Admin routes
 that concern every backend fan out (`/rl/sessions`, `/rl/v1/set_version`, `/grant_capacity`,
-`/rl/v1/status`, whose counts are summed and whose other sections come from the first backend). Keys are passed through to the backends, which authenticate; the router only
-routes, and never logs a key. With tenants, a key must be a tenant's key or a session key bound
+`/rl/v1/status`: counts summed, sections it cannot add up taken from the first backend). Keys
+are passed through to the backends, which authenticate; the router only routes, and never
+logs a key. With tenants, a key must be a tenant's key or a session key bound
 through it, and a tenant's calls only ever reach that tenant's own backends.
 
 The outbound pool is aiohttp's: about a third of the CPU per relayed call of httpx's transport
