@@ -1,6 +1,6 @@
 """`gateway.replicas: N` / `relayrl gateway --replicas N`: N gateway + engine pairs behind one
 router, whose URL is the one printed; sessions spread over the replicas; calls through the one
-URL work. Training launchers refuse the key rather than ignore it."""
+URL work. `relayrl train` and `relayrl serve` take the key too (tests/launch/test_replicas_train.py)."""
 
 from __future__ import annotations
 
@@ -32,14 +32,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_the_config_key_is_checked_and_refused_where_unsupported() -> None:
+def test_the_config_key_is_checked_and_taken_by_the_launchers() -> None:
     cfg = load_config(RelayConfig, None, ["gateway.replicas=2"])
     assert cfg.gateway.replicas == 2
     with pytest.raises(ConfigError, match="replicas"):
         load_config(RelayConfig, None, ["gateway.replicas=0"])
-    for launcher in (LocalLauncher, ServiceLauncher):
-        with pytest.raises(ConfigError, match="replicas > 1"):
-            launcher(cfg)
+    for launcher in (LocalLauncher, ServiceLauncher):  # both run replicas (test_replicas_train)
+        assert launcher(cfg).config.gateway.replicas == 2
     assert replica_log_path("runs/x/sessions.db", 1, 2) == "runs/x/sessions.r1.db"
     assert replica_log_path("runs/x/sessions.db", 0, 1) == "runs/x/sessions.db"
 

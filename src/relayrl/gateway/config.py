@@ -32,7 +32,7 @@ class GatewayConfig:
     header_timeout_s: float = 10.0        # a request's line and headers must arrive within this
     body_timeout_s: float = 30.0          # longest silence while a request body is arriving
     keep_alive_timeout_s: float = 5.0     # idle keep-alive connections are closed after this
-    replicas: int = 1                     # `relayrl gateway`: N gateway + engine pairs behind one router at host:port
+    replicas: int = 1                     # N gateway + engine pairs behind one router at host:port (gateway, train, serve)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:

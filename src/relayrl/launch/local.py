@@ -1,6 +1,8 @@
 """`LocalLauncher`: a run's services from this process: the engine (in-process, or a vLLM/SGLang
 server named by `engine:`), the gateway on a loopback thread, the session client the agents'
-episodes use, and the rollout controllers.
+episodes use, and the rollout controllers. With `gateway.replicas: N`, N in-process engines, each
+behind its own gateway, and a session-affine router whose URL the client and the agents use;
+each step's weights go to every engine (`relayrl.launch.replicas`).
 
 This is the laptop/CPU default and the reference for other launchers: a launcher is any
 callable `await launcher(actor) -> Services` (see `relayrl.train.ports`).
@@ -20,9 +22,10 @@ from relayrl.client import SessionClient
 from relayrl.config import RelayConfig
 from relayrl.engine import InferenceEngine, load_engine
 from relayrl.engine.local import LocalEngine
+from relayrl.errors import ConfigError
 from relayrl.gateway.config import GatewayConfig
 from relayrl.gateway.server import GatewayThread, build_deps
-from relayrl.launch.replicas import refuse_replicas
+from relayrl.launch.replicas import AllEngines, Replicas, refuse_replicas, start_replicas
 from relayrl.remote_rollout.workflow import build_remote_workflow
 from relayrl.rollout import RolloutConfig, RolloutController
 from relayrl.train.actor import Actor
@@ -66,6 +69,31 @@ async def start_engine(cfg: RelayConfig, actor: Actor) -> tuple[InferenceEngine,
     return engine, managed
 
 
+def check_replica_engines(cfg: RelayConfig) -> None:
+    """Raise a clear ConfigError if `gateway.replicas > 1` cannot have one engine per replica."""
+    if cfg.gateway.replicas > 1 and cfg.engine.kind != "local":
+        raise ConfigError(
+            f"gateway.replicas: {cfg.gateway.replicas} needs one engine per replica, and "
+            f"engine: {{kind: {cfg.engine.kind}}} names one server (engine.url is a single URL): "
+            "use engine.kind: local for replicas, or one gateway per remote engine")
+
+
+async def start_engines(cfg: RelayConfig, actor: Actor) -> list[InferenceEngine]:
+    """One engine per gateway replica (in-process, `check_replica_engines` holds), started one
+    after another so two model loads never compete for memory; all closed if one fails."""
+    check_replica_engines(cfg)
+    engines: list[InferenceEngine] = []
+    try:
+        for _ in range(cfg.gateway.replicas):
+            engine, _managed = await start_engine(cfg, actor)  # local: never a managed server
+            engines.append(engine)
+    except BaseException:
+        for engine in engines:
+            await engine.aclose()
+        raise
+    return engines
+
+
 def with_admin_key(cfg: RelayConfig) -> RelayConfig:
     """`cfg` with an admin key: the gateway's control routes are off without one, so a run's
     own gateway gets a random key only the run's client knows (in memory, never written)."""
@@ -74,9 +102,12 @@ def with_admin_key(cfg: RelayConfig) -> RelayConfig:
     return replace(cfg, gateway=replace(cfg.gateway, admin_key=secrets.token_urlsafe(32)))
 
 
-def serving_gateway_config(cfg: RelayConfig, model_dir: str) -> GatewayConfig:
-    """The gateway settings for a training run serving the policy in `model_dir`."""
-    refuse_replicas(cfg.gateway, "training runs")
+def serving_gateway_config(cfg: RelayConfig, model_dir: str, *,
+                           replicas: bool = False) -> GatewayConfig:
+    """The gateway settings for a training run serving the policy in `model_dir`; launchers that
+    start `gateway.replicas` of them pass `replicas=True`, the others refuse more than one."""
+    if not replicas:
+        refuse_replicas(cfg.gateway, "`launcher: ray`")
     # One staleness rule, in one place: the rollout controller counts groups in flight, so
     # a second rule at the gateway (counting sessions) could only refuse the controller's
     # own episodes mid-group.
@@ -97,15 +128,19 @@ def rollout_controller(wf: RolloutWorkflow, dataset: Sequence[dict[str, Any]],
 
 @dataclass
 class LocalServices:
-    """The engine, the gateway on loopback, and a session client bound to it."""
+    """The engine, the gateway on loopback, and a session client bound to it (with replicas:
+    every engine as one weight sink, and the client bound to the router in front of them)."""
 
-    engine: InferenceEngine
+    engine: InferenceEngine | AllEngines
     gateway: GatewayThread
+    """The gateway (with replicas: the first one; `replicas` has them all)."""
     client: SessionClient
     config: RelayConfig
     model_dir: str
     managed_server: Any = None
     """A vLLM server started for this run (stopped with the services), or None."""
+    replicas: Replicas | None = None
+    """With `gateway.replicas > 1`: every gateway and the router the client talks to."""
 
     def batches(self, workflow: Any, workflow_kwargs: dict[str, Any] | None,
                 dataset: Sequence[dict[str, Any]], rollout: RolloutConfig,
@@ -118,7 +153,10 @@ class LocalServices:
     async def aclose(self) -> None:
         """Close the client, stop the gateway, then the engine."""
         await self.client.aclose()
-        self.gateway.stop()
+        if self.replicas is not None:
+            self.replicas.stop()
+        else:
+            self.gateway.stop()
         await self.engine.aclose()
         if self.managed_server is not None:
             self.managed_server.stop()
@@ -128,15 +166,32 @@ class LocalLauncher:
     """Starts a `LocalServices` for the actor's current model and weights."""
 
     def __init__(self, config: RelayConfig) -> None:
-        refuse_replicas(config.gateway, "training runs")  # before any model is loaded
+        check_replica_engines(config)  # before any model is loaded
         self.config = with_admin_key(config)
 
     async def __call__(self, actor: Actor) -> LocalServices:
-        """Engine (with the actor's weights if it has trained), gateway, client."""
+        """Engine (with the actor's weights if it has trained), gateway, client; with
+        `gateway.replicas > 1`, that many engines and gateways behind a router."""
         cfg = self.config
+        if cfg.gateway.replicas > 1:
+            return await self._replicas(actor)
         engine, managed = await start_engine(cfg, actor)
         gw_cfg = serving_gateway_config(cfg, actor.model_dir())
         gateway = GatewayThread(build_deps(gw_cfg, engine=engine)).start()
         client = SessionClient(gateway.url, admin_key=gw_cfg.admin_key,
                                timeout_s=cfg.rollout.episode_timeout_s)
         return LocalServices(engine, gateway, client, cfg, actor.model_dir(), managed)
+
+    async def _replicas(self, actor: Actor) -> LocalServices:
+        cfg = self.config
+        engines = await start_engines(cfg, actor)
+        sink = AllEngines(engines)
+        try:
+            gw_cfg = serving_gateway_config(cfg, actor.model_dir(), replicas=True)
+            rep = start_replicas(gw_cfg, len(engines), engines=engines)
+        except BaseException:
+            await sink.aclose()
+            raise
+        client = SessionClient(rep.url, admin_key=gw_cfg.admin_key,
+                               timeout_s=cfg.rollout.episode_timeout_s)
+        return LocalServices(sink, rep.gateways[0], client, cfg, actor.model_dir(), None, rep)

@@ -3,22 +3,25 @@
 Each replica is a gateway with its own engine (a `LocalEngine` per replica, or one remote vLLM /
 SGLang server per replica given by `engine_urls`) on a free loopback port; the router gives them
 one URL, session-affine. `relayrl gateway --replicas N` (or `gateway.replicas: N`) runs
-`serve_replicas`; training launchers use one gateway and refuse `replicas > 1`
-(`refuse_replicas`).
+`serve_replicas`; `relayrl train` (the local launcher) and `relayrl serve` start replicas with
+`start_replicas` and push each step's weights to every engine through `AllEngines`. Launchers
+that serve from one gateway (`launcher: ray`) refuse `replicas > 1` (`refuse_replicas`).
 
 May import: relayrl.gateway, relayrl.router, relayrl.engine (the protocol), relayrl.errors.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from relayrl.engine.base import InferenceEngine
-from relayrl.errors import ConfigError
+from relayrl.errors import ConfigError, EngineError
 from relayrl.gateway.config import GatewayConfig
 from relayrl.gateway.server import GatewayThread, build_deps, ensure_admin_key, is_loopback
 from relayrl.router.config import RouterConfig
@@ -48,6 +51,53 @@ class Replicas:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class AllEngines:
+    """The replicas' engines as one weight sink: an update goes to all of them at once.
+
+    `update_weights` succeeds only when every engine took the new weights. If any fails, the
+    others are still awaited (none is left mid-update), and an `EngineError` names the replicas
+    that failed and the version each engine serves now: the run stops there rather than train on
+    with replicas serving different weights under what it believes is one version. (Tokens stay
+    correctly stamped either way: each gateway stamps its own engine's version.)
+    """
+
+    def __init__(self, engines: Sequence[InferenceEngine]) -> None:
+        if not engines:
+            raise ValueError("AllEngines needs at least one engine")
+        self.engines = list(engines)
+
+    @property
+    def version(self) -> int:
+        """The oldest version any replica serves."""
+        return min(e.version for e in self.engines)
+
+    async def update_weights(self, weights: Mapping[str, Any] | str, version: int | None = None
+                             ) -> int:
+        """Load `weights` into every engine concurrently; the version they all serve now."""
+        results = await asyncio.gather(
+            *(e.update_weights(weights, version=version) for e in self.engines),
+            return_exceptions=True)
+        failed = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
+        if failed:
+            for _, r in failed:
+                if not isinstance(r, Exception):  # cancellation, KeyboardInterrupt: not ours
+                    raise r
+            serving = ", ".join(f"r{i}: v{e.version}" for i, e in enumerate(self.engines))
+            which = "; ".join(f"r{i}: {type(r).__name__}: {r}" for i, r in failed)
+            raise EngineError(f"weight update to version {version} failed on {len(failed)} of "
+                              f"{len(self.engines)} replicas ({which}); versions now served: "
+                              f"{serving}") from failed[0][1]
+        return self.version
+
+    async def aclose(self) -> None:
+        """Close every engine (all are tried; the first error is raised after)."""
+        results = await asyncio.gather(*(e.aclose() for e in self.engines),
+                                       return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
 
 
 def start_replicas(config: GatewayConfig, replicas: int, *,
@@ -87,6 +137,12 @@ def replica_log_path(log_path: str | None, index: int, replicas: int) -> str | N
     return str(p.with_name(f"{p.stem}.r{index}{p.suffix}"))
 
 
+def replica_share(batch_size: int, replicas: int) -> int:
+    """Each replica's part of a staleness budget counted in sessions (rounded up): the router
+    tries the next replica when one refuses, so N replicas admit about one budget, not N."""
+    return -(-batch_size // replicas)
+
+
 def refuse_replicas(config: GatewayConfig, where: str) -> None:
     """Raise a clear ConfigError where `gateway.replicas > 1` is not supported (`where`)."""
     if config.replicas > 1:
@@ -102,6 +158,8 @@ def serve_replicas(config: GatewayConfig, admin_key_file: Path | None = None, *,
         raise ConfigError(f"refusing to listen on {config.host}, which is not loopback, with no "
                           "admin key: pass --admin-key")
     config, key_file = ensure_admin_key(config, admin_key_file)  # one key for every replica
+    if config.max_staleness is not None:
+        config = replace(config, batch_size=replica_share(config.batch_size, config.replicas))
     stop = stop or threading.Event()
     handlers = {}
     if threading.current_thread() is threading.main_thread():

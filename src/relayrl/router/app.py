@@ -5,8 +5,9 @@ its SHA-256) and id to that backend; every later call carrying the key (header o
 path) or naming the id (`/sessions/{id}/`, or `session_id` in an admin body) goes to it.
 Completions are relayed byte for byte (streams chunk by chunk, as they arrive). Admin routes
 that concern every backend fan out (`/rl/sessions`, `/rl/v1/set_version`, `/grant_capacity`,
-`/rl/v1/status`). Keys are passed through to the backends, which authenticate; the router only
-routes, and never logs a key. With tenants, a key must be a tenant's key or a session key bound
+`/rl/v1/status`: counts summed, sections it cannot add up taken from the first backend). Keys
+are passed through to the backends, which authenticate; the router only routes, and never
+logs a key. With tenants, a key must be a tenant's key or a session key bound
 through it, and a tenant's calls only ever reach that tenant's own backends.
 
 The outbound pool is aiohttp's: about a third of the CPU per relayed call of httpx's transport
@@ -463,7 +464,7 @@ class Router:
         total = sum(d["recent_reward"]["mean"] * d["recent_reward"]["count"]
                     for d in datas if d["recent_reward"]["count"])
         first = datas[0]
-        return JSONResponse({
+        result = {
             "status": "ok" if not unreachable else "degraded",
             "relayrl_version": first.get("relayrl_version"), "model": first.get("model"),
             "policy_version": min(d.get("policy_version", 0) for d in datas),
@@ -471,7 +472,10 @@ class Router:
             "sessions": sessions,
             "recent_reward": {"count": count, "mean": total / count if count else None},
             "backends": {"healthy": len(datas), "total": len(datas) + unreachable},
-        })
+        }
+        # Sections the router cannot add up (a service's `trainer`, which every replica of one
+        # service reports alike) pass through from the first backend that answered.
+        return JSONResponse({**{k: v for k, v in first.items() if k not in result}, **result})
 
     def health(self) -> Response:
         """The router's own liveness; backend addresses only without tenants."""

@@ -4,7 +4,9 @@ by the sessions they finalize (`ExternalSessionSource`).
 Like `LocalLauncher`, the engine and the gateway run in this process; unlike it, the gateway
 listens where the config says, applies the staleness rule itself (agents start sessions on their
 own, so the gateway is the only place that can refuse them), and the batches come from
-finalized sessions instead of a workflow over a dataset.
+finalized sessions instead of a workflow over a dataset. With `gateway.replicas: N`, N engine +
+gateway pairs on loopback and a session-affine router on the configured address; each gateway
+applies its share of the staleness budget, and `/rl/v1/status` through the router sums them.
 
 Imports: engine, gateway, client, train (ports, actor), config, service.
 """
@@ -24,8 +26,8 @@ from relayrl.gateway.config import GatewayConfig
 from relayrl.gateway.routes_rl_v1 import Refusal, state_of
 from relayrl.gateway.server import GatewayThread, build_deps
 from relayrl.gateway.server import ensure_admin_key as gateway_admin_key
-from relayrl.launch.local import start_engine
-from relayrl.launch.replicas import refuse_replicas
+from relayrl.launch.local import check_replica_engines, start_engine, start_engines
+from relayrl.launch.replicas import AllEngines, Replicas, replica_share, start_replicas
 from relayrl.rollout import RolloutConfig
 from relayrl.rollout.external import ExternalSessionSource, SourceCounters
 from relayrl.train.actor import Actor
@@ -37,10 +39,13 @@ WARMUP_RETRY_S = 2.0
 
 
 def service_gateway_config(cfg: RelayConfig) -> GatewayConfig:
-    """The gateway's settings for a service: the staleness rule counted in sessions."""
+    """The gateway's settings for a service: the staleness rule counted in sessions.
+
+    With replicas, each gateway admits its share of a batch's sessions (`replica_share`).
+    """
     r = cfg.rollout
     return replace(cfg.gateway_config(), max_staleness=r.max_staleness,
-                   batch_size=r.batch_size * r.group_size)
+                   batch_size=replica_share(r.batch_size * r.group_size, cfg.gateway.replicas))
 
 
 def ensure_admin_key(cfg: RelayConfig) -> tuple[RelayConfig, Path | None]:
@@ -55,10 +60,12 @@ def ensure_admin_key(cfg: RelayConfig) -> tuple[RelayConfig, Path | None]:
 
 @dataclass
 class ServiceServices:
-    """The engine, the public gateway, an admin client, and the source of external batches."""
+    """The engine, the public gateway, an admin client, and the source of external batches
+    (with replicas: every engine as one weight sink, the router as the public address)."""
 
-    engine: InferenceEngine
+    engine: InferenceEngine | AllEngines
     gateway: GatewayThread
+    """The gateway (with replicas: the first one; `replicas` has them all)."""
     client: SessionClient
     config: RelayConfig
     actor: Actor
@@ -68,11 +75,19 @@ class ServiceServices:
     counters: SourceCounters = field(default_factory=SourceCounters)
     """What the trainer's source has seen; exists from the start, so `/rl/v1/status` always
     shows it (agents may finish sessions while the trainer still warm-starts)."""
+    replicas: Replicas | None = None
+    """With `gateway.replicas > 1`: every gateway and the public router."""
+
+    @property
+    def gateways(self) -> list[GatewayThread]:
+        """Every gateway serving the policy."""
+        return self.replicas.gateways if self.replicas is not None else [self.gateway]
 
     def __post_init__(self) -> None:
-        v1 = state_of(self.gateway.app)
-        v1.status_extra = self.status
-        v1.admit = self._admit
+        for gateway in self.gateways:  # each reports the trainer and refuses while not training
+            v1 = state_of(gateway.app)
+            v1.status_extra = self.status
+            v1.admit = self._admit
 
     @property
     def phase(self) -> str:
@@ -127,9 +142,13 @@ class ServiceServices:
             with contextlib.suppress(Exception):  # ended meanwhile: nothing to abort
                 await self.client.abort_session(session_id)
         await self.client.aclose()
-        self.gateway.stop()
-        if self.gateway.deps.log is not None:
-            self.gateway.deps.log.close()
+        if self.replicas is not None:
+            self.replicas.stop()  # the router, then every gateway
+        else:
+            self.gateway.stop()
+        for gateway in self.gateways:
+            if gateway.deps.log is not None:
+                gateway.deps.log.close()
         await self.engine.aclose()
         if self.managed_server is not None:
             self.managed_server.stop()
@@ -139,7 +158,7 @@ class ServiceLauncher:
     """Starts a `ServiceServices` and prints where agents reach it."""
 
     def __init__(self, config: RelayConfig) -> None:
-        refuse_replicas(config.gateway, "`relayrl serve`")
+        check_replica_engines(config)
         self.config = config
         self.services: ServiceServices | None = None
         self._stop_requested = False
@@ -147,14 +166,30 @@ class ServiceLauncher:
     async def __call__(self, actor: Actor) -> ServiceServices:
         """Engine with the actor's weights, gateway on the configured address, admin client."""
         cfg = self.config
-        engine, managed = await start_engine(cfg, actor)
         gw_cfg = replace(service_gateway_config(cfg), model=actor.model_dir(),
                          model_label=cfg.gateway.model_label or cfg.model)
-        gateway = GatewayThread(build_deps(gw_cfg, engine=engine), host=gw_cfg.host,
-                                port=gw_cfg.port).start()
-        print(f"relayrl service listening at {gateway.url}", flush=True)
-        client = SessionClient(gateway.url, admin_key=gw_cfg.admin_key)
-        self.services = ServiceServices(engine, gateway, client, cfg, actor, managed)
+        if cfg.gateway.replicas > 1:
+            engines = await start_engines(cfg, actor)
+            sink = AllEngines(engines)
+            try:
+                rep = start_replicas(gw_cfg, len(engines), engines=engines,
+                                     router_host=gw_cfg.host, router_port=gw_cfg.port)
+            except BaseException:
+                await sink.aclose()
+                raise
+            print(f"relayrl service listening at {rep.url} (a router in front of "
+                  f"{len(engines)} replicas: {', '.join(g.url for g in rep.gateways)})",
+                  flush=True)
+            client = SessionClient(rep.url, admin_key=gw_cfg.admin_key)
+            self.services = ServiceServices(sink, rep.gateways[0], client, cfg, actor,
+                                            replicas=rep)
+        else:
+            engine, managed = await start_engine(cfg, actor)
+            gateway = GatewayThread(build_deps(gw_cfg, engine=engine), host=gw_cfg.host,
+                                    port=gw_cfg.port).start()
+            print(f"relayrl service listening at {gateway.url}", flush=True)
+            client = SessionClient(gateway.url, admin_key=gw_cfg.admin_key)
+            self.services = ServiceServices(engine, gateway, client, cfg, actor, managed)
         if self._stop_requested:
             self.services.stop()
         return self.services
