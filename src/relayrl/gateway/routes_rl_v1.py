@@ -256,6 +256,10 @@ async def status(request: Request) -> dict[str, Any]:
             "aborted": stats.get(str(SessionState.ABORTED), 0),
             "submitted": stats.get("submitted", 0),
             "refused": state.refused,
+            # since start: closed sessions are forgotten, so the held counts above go back to 0
+            "aborted_total": stats.get("aborted_total", 0),
+            "expired_total": stats.get("expired_total", 0),
+            "exported_total": stats.get("exported_total", 0),
         },
         "recent_reward": {"count": len(rewards),
                           "mean": sum(rewards) / len(rewards) if rewards else None},

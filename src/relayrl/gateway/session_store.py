@@ -168,6 +168,7 @@ class SessionStore:
         if session is None:
             raise NotFound(f"unknown session {session_id!r}")
         self._by_key.pop(session.key_hash, None)
+        self.totals["forgotten"] += 1  # the upkeep gives memory back after many went
 
     def expire(self, now: float | None = None) -> list[Session]:
         """Abort sessions idle past their state's TTL and forget long-closed ones; returns the
