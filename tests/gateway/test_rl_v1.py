@@ -102,3 +102,18 @@ def test_status_reports_versions_sessions_and_recent_rewards(gw: Gateway) -> Non
     assert st["sessions"]["open"] == 1 and st["sessions"]["finished_waiting"] == 2
     assert st["recent_reward"] == {"count": 2, "mean": 0.5}
     assert httpx.get(gw.url + "/health").json()["status"] == "ok"
+
+
+def test_a_finalized_session_that_expired_is_forgotten_whole(gw: Gateway) -> None:
+    """An ended session aborted by its TTL and then forgotten answers like any unknown key, not
+    as "exported" (and the gateway keeps nothing of it)."""
+    s = httpx.post(gw.url + "/rl/v1/start_session", json={}, headers=AUTH).json()
+    httpx.post(gw.url + "/rl/v1/finalize", json={"final_reward": 1.0},
+               headers=key_headers(s["api_key"])).raise_for_status()
+    store = gw.deps.store
+    store.abort(s["session_id"])  # what the ended-session TTL does
+    store.remove(s["session_id"])  # ... and, ttl_s later, forgetting it
+    late = httpx.post(gw.url + "/rl/v1/finalize", json={}, headers=key_headers(s["api_key"]))
+    assert late.status_code == 401, late.text
+    st = httpx.get(gw.url + "/rl/v1/status").json()["sessions"]
+    assert st["aborted_total"] == 1 and st["finished_waiting"] == 0 and st["aborted"] == 0

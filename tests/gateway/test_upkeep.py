@@ -55,3 +55,36 @@ def test_the_log_is_compacted_as_sessions_close_and_a_restart_keeps_the_rest(
         assert all(len(s.interactions) == 1 for s in g2.deps.store)
     finally:
         g2.thread.stop()
+
+
+async def test_memory_is_handed_back_once_as_many_sessions_went_as_are_held() -> None:
+    import pytest
+
+    from relayrl.gateway import upkeep as upkeep_module
+    from relayrl.gateway.session_store import SessionStore
+    from relayrl.gateway.upkeep import Upkeep
+
+    if upkeep_module._MALLOC_TRIM is None:
+        pytest.skip("this C library has no malloc_trim")  # musl, macOS: nothing to hand back
+    now = [0.0]
+    store = SessionStore(ttl_s=10.0, clock=lambda: now[0])
+    cleared: list[str] = []
+    up = Upkeep(store, None, trim_after_forgotten=3, caches=(lambda: cleared.append("c"),))
+    sessions = [store.start_session() for _ in range(5)]
+    await up.tick()
+    assert up.trims == 0  # nothing forgotten yet
+    for s in sessions[:2]:
+        store.acknowledge(s.id)  # forgotten at once; 3 still held
+    await up.tick()
+    assert up.trims == 0 and cleared == []  # 2 forgotten < min(3, 3 held)
+    store.acknowledge(sessions[2].id)
+    await up.tick()
+    assert up.trims == 1 and cleared == ["c"]  # 3 forgotten >= min(3, 2 held)
+    now[0] = 100.0  # the last two expire (aborted), then are forgotten after the TTL
+    await up.tick()
+    assert up.trims == 1 and store.stats()["aborted"] == 2
+    now[0] = 200.0
+    await up.tick()
+    assert up.trims == 2 and len(store) == 0 and cleared == ["c", "c"]
+    await up.tick()
+    assert up.trims == 2  # a quiet gateway does not trim again

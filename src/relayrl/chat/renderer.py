@@ -553,6 +553,11 @@ class Renderer:
             return self._tok.encode(text, add_special_tokens=False).ids
         return self._pieces.encode(text)
 
+    def forget_cached_pieces(self) -> None:
+        """Drop the piece cache (it refills as prompts come; the gateway's upkeep calls this)."""
+        if self._pieces is not None:
+            self._pieces.clear()
+
     @functools.cached_property
     def max_token_chars(self) -> int:
         """Most characters one token stands for (the longest vocabulary entry): a text of `c`

@@ -233,6 +233,11 @@ def _plain_message(role: Role, content: str) -> Message:
     return Message(role=role, content=content)
 
 
+def forget_interned() -> None:
+    """Drop the shared plain turns (`_plain_message`); they refill as requests come."""
+    _plain_message.cache_clear()
+
+
 def _messages(msgs: list[ChatMessage]) -> tuple[Message, ...]:
     if not msgs:
         raise invalid("messages must not be empty", "messages")

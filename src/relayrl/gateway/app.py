@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relayrl import viewer
+from relayrl.chat import wire_openai_chat
 from relayrl.chat.completion import Choice, Completion, CompletionRequest, TokenLogprob
 from relayrl.chat.conversation import (
     ContentDelta,
@@ -399,7 +400,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     deps: GatewayDeps = app.state.deps
     period = min(30.0, max(0.5, deps.config.session_ttl_s / 4))
     upkeep = Upkeep(deps.store, deps.log, compact_after_closed=deps.config.compact_after_closed,
-                    compact_every_s=deps.config.compact_every_s)
+                    compact_every_s=deps.config.compact_every_s,
+                    caches=(deps.renders.clear, deps.renderer.forget_cached_pieces,
+                            wire_openai_chat.forget_interned))
     app.state.upkeep = upkeep
 
     async def expire_idle() -> None:

@@ -105,6 +105,11 @@ class RenderCache:
             _, old = self._ids.popitem(last=False)
             self._tokens -= len(old)
 
+    def clear(self) -> None:
+        """Forget every cached prompt (hit and miss counts stay)."""
+        self._ids.clear()
+        self._tokens = 0
+
     def __len__(self) -> int:
         return len(self._ids)
 

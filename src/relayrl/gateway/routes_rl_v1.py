@@ -87,6 +87,15 @@ class V1State:
         if final_reward is not None:
             self.recent_rewards.append(final_reward)
 
+    def forget(self, session: Session) -> None:
+        """The store forgot `session`: an aborted one's key no longer answers a late finalize.
+
+        Only exported sessions stay remembered (their first finalize stands); keeping aborted
+        ones would answer "exported" for them, and hold memory for every abandoned session.
+        """
+        if session.state == SessionState.ABORTED:
+            self.finalized.pop(session.key_hash, None)
+
 
 class StartSessionV1(_Body):
     group_id: str | None = None
@@ -266,6 +275,10 @@ async def status(request: Request) -> dict[str, Any]:
             "aborted": stats.get(str(SessionState.ABORTED), 0),
             "submitted": stats.get("submitted", 0),
             "refused": state.refused,
+            # since start: closed sessions are forgotten, so the held counts above go back to 0
+            "aborted_total": stats.get("aborted_total", 0),
+            "expired_total": stats.get("expired_total", 0),
+            "exported_total": stats.get("exported_total", 0),
         },
         "recent_reward": {"count": len(rewards),
                           "mean": sum(rewards) / len(rewards) if rewards else None},
@@ -304,7 +317,10 @@ async def keyed_models(request: Request) -> Any:
 
 def register(app: FastAPI) -> None:
     """Add the v1 routes to `app` and give it a fresh `V1State`."""
-    app.state.rl_v1 = V1State()
+    app.state.rl_v1 = state = V1State()
+    deps: GatewayDeps | None = getattr(app.state, "deps", None)
+    if deps is not None:
+        deps.store.on_forget.append(state.forget)
     app.add_api_route("/rl/v1/start_session", start_session, methods=["GET", "POST"])
     app.add_api_route("/rl/v1/status", status, methods=["GET"])
     for prefix in ("", SESSION_PREFIX):

@@ -61,6 +61,8 @@ class SessionStore:
         self._version: int | None = None  # None: no staleness rule given yet
         # Totals since start: closed sessions are forgotten, so their count lives here.
         self.totals: Counter[str] = Counter()
+        self.on_forget: list[Callable[[Session], None]] = []
+        """Called with each session as it is forgotten (who keeps something per session)."""
 
     @property
     def submitted(self) -> int:
@@ -168,6 +170,9 @@ class SessionStore:
         if session is None:
             raise NotFound(f"unknown session {session_id!r}")
         self._by_key.pop(session.key_hash, None)
+        self.totals["forgotten"] += 1  # the upkeep gives memory back after many went
+        for hook in self.on_forget:
+            hook(session)
 
     def expire(self, now: float | None = None) -> list[Session]:
         """Abort sessions idle past their state's TTL and forget long-closed ones; returns the
