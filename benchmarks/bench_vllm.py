@@ -33,7 +33,7 @@ from transformers import AutoTokenizer
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_engine import machine, make_prompts
 
-from relayrl.engine.local import LocalEngine
+from relayrl.engine.local import LocalEngine, default_num_threads
 from relayrl.engine.vllm import VLLMEngine
 from relayrl.engine.vllm_server import start_vllm_server, venv_python
 from relayrl.errors import EngineError
@@ -95,12 +95,13 @@ async def measure(engines: dict, prompts, new: int, rounds: int) -> list[Run]:
 
 def render(runs: list[Run], meta: dict[str, str]) -> str:
     """The RESULTS.md section: per level, each engine's median and the median per-round ratio."""
-    names = list(dict.fromkeys(r.engine for r in runs))
+    # LocalEngine first: the ratio reads "LocalEngine / vLLM" whichever ran first
+    names = sorted(dict.fromkeys(r.engine for r in runs), key=lambda n: not n.startswith("Local"))
     lines = [
         SECTION,
         "",
         f"Command: `{meta['command']}`  ",
-        f"Machine: {meta['machine']}  ",
+        f"Machine: {meta['machine']} (LocalEngine: {meta['local_threads']} thread(s))  ",
         f"Date: {meta['date']}; load average before/after: {meta['load']}  ",
         f"vLLM: {meta['vllm']}",
         "",
@@ -190,6 +191,7 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "load": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",
         "vllm": vllm_note,
+        "local_threads": str(args.threads or default_num_threads()),
         "new": str(args.new_tokens),
         "rounds": str(args.rounds),
     }
