@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relayrl import viewer
+from relayrl.asgi import EventStream
 from relayrl.chat import wire_openai_chat
 from relayrl.chat.completion import Choice, Completion, CompletionRequest, TokenLogprob
 from relayrl.chat.conversation import (
@@ -183,62 +184,6 @@ async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T | Non
         return None
     finally:
         watcher.cancel()
-
-
-class EventStream(StreamingResponse):
-    """A `StreamingResponse` that notices a client leaving with one plain task.
-
-    uvicorn speaks ASGI 2.3, where sending to a gone client does not fail, so Starlette runs
-    every stream in an anyio task group beside a task listening for the disconnect; that costs
-    about a tenth of a short streamed call. Here a bare asyncio task listens instead and, if the
-    client leaves, cancels the streaming task and closes the generator (so the engine stops and the
-    call is noted as aborted, never recorded as finished) and the cancellation is absorbed.
-    """
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        streaming = asyncio.current_task()
-        assert streaming is not None  # ASGI apps run in a task
-        state = _StreamState()
-        watcher = asyncio.create_task(_watch_disconnect(receive, streaming, state))
-        try:
-            await self.stream_response(send)
-        except asyncio.CancelledError:
-            if not state.client_left:
-                raise
-            streaming.uncancel()
-            # close the body now, not when it is collected: its cleanup stops the engine and
-            # notes the call as aborted (a cancel while awaiting `send` leaves it suspended)
-            closer = getattr(self.body_iterator, "aclose", None)
-            if closer is not None:
-                await closer()
-        finally:
-            state.done = True
-            watcher.cancel()
-        if self.background is not None:
-            await self.background()
-
-
-@dataclass
-class _StreamState:
-    done: bool = False
-    """The response went out whole (a disconnect seen after that changes nothing)."""
-    client_left: bool = False
-    """The watcher saw the client leave and cancelled the stream."""
-
-
-async def _watch_disconnect(receive: Receive, streaming: asyncio.Task[Any],
-                            state: _StreamState) -> None:
-    # The body was read before streaming began, so what is left is the disconnect; the bound
-    # only guards against a server that keeps sending other messages.
-    for _ in range(1 << 16):
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-    else:
-        return
-    if not state.done:
-        state.client_left = True
-        streaming.cancel()
 
 
 def session_open(deps: GatewayDeps, session: Session) -> None:

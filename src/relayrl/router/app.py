@@ -34,9 +34,10 @@ import aiohttp
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from yarl import URL
 
+from relayrl.asgi import EventStream
 from relayrl.chat import wire_anthropic, wire_openai_chat
 from relayrl.errors import (
     AuthenticationFailed,
@@ -331,8 +332,9 @@ class Router:
         async def close() -> None:  # async: a sync background task would hop to a thread
             resp.close()
 
-        out = StreamingResponse(chunks(), status_code=resp.status,
-                                background=BackgroundTask(close))
+        # EventStream: a client leaving cancels the relay with one plain task (Starlette's
+        # StreamingResponse runs an anyio task group per stream for that)
+        out = EventStream(chunks(), status_code=resp.status, background=BackgroundTask(close))
         out.raw_headers = headers
         return out
 
