@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from results_md import write_section
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -256,18 +257,6 @@ def render(rows: list[Row], baseline: Row, floor: str, meta: dict[str, str]) -> 
     return "\n".join(lines)
 
 
-def write_section(text: str) -> None:
-    """Replace (or append) our section of RESULTS.md, keeping every other section."""
-    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    start = old.find(SECTION)
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text + (old[end + 1 :] if end >= 0 else "")
-    RESULTS.write_text(new.rstrip("\n") + "\n")
-
-
 def measure_all(path: str, tokenizer, prompts, levels, args) -> tuple:
     """Every row, then transformers' generate_batch, the weight bytes and the memory bandwidth."""
     engine = LocalEngine(path, max_batch_size=max(levels))
@@ -335,7 +324,7 @@ def main() -> None:
     text = render([*rows, cb], baseline, floor, meta)
     print(text)
     if not args.no_write:
-        write_section(text)
+        write_section(text, SECTION)
         print(f"written to {RESULTS}")
 
 

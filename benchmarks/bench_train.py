@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from results_md import write_section
 from tqdm import tqdm
 
 from relayrl.chat.conversation import Conversation, Message, ParsedReply, ToolCall
@@ -329,18 +330,6 @@ def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
     return "\n".join(lines) + "\n"
 
 
-def write_section(text: str) -> None:
-    """Replace (or append) our section of RESULTS.md, keeping every other section."""
-    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    start = old.find(SECTION)
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text + (old[end + 1 :] if end >= 0 else "")
-    RESULTS.write_text(new.rstrip("\n") + "\n")
-
-
 def main() -> None:
     """Run both measurements and report."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -388,7 +377,7 @@ def main() -> None:
     section = render(meta, part1, peaks, params, concat, indiv)
     print(section)
     if not args.no_write:
-        write_section(section)
+        write_section(section, SECTION)
         print(f"written to {RESULTS}")
 
 

@@ -32,6 +32,7 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_engine import machine, make_prompts
+from results_md import write_section
 
 from relayrl.engine.local import LocalEngine, default_num_threads
 from relayrl.engine.vllm import VLLMEngine
@@ -130,18 +131,6 @@ def render(runs: list[Run], meta: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(text: str) -> None:
-    """Replace (or append) this section of RESULTS.md, keeping every other section."""
-    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    start = old.find(SECTION)
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text + ("\n" + old[end + 1 :] if end >= 0 else "")
-    RESULTS.write_text(new.rstrip("\n") + "\n")
-
-
 async def run(args: argparse.Namespace) -> tuple[list[Run], str]:
     """Start what is there, measure, stop."""
     path = model_path(args.model)
@@ -198,7 +187,7 @@ def main() -> None:
     text = render(runs, meta)
     print(text)
     if not args.no_write:
-        write_section(text)
+        write_section(text, SECTION)
         print(f"written to {RESULTS}")
 
 
