@@ -92,6 +92,30 @@ def ensure_admin_key(config: GatewayConfig,
     return replace(config, admin_key=key), path
 
 
+class _Deadline:
+    """One timer per connection that closes it unless `_expire` finds a reason not to (the
+    timed h11 and httptools protocols below share it; `loop` and `_expire` are theirs)."""
+
+    _deadline: asyncio.TimerHandle | None = None
+    loop: asyncio.AbstractEventLoop
+
+    def _expire(self) -> None:
+        raise NotImplementedError  # each protocol decides what counts as a stalled client
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._expire)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+
 def _timed_h11_protocol(header_timeout_s: float, body_timeout_s: float) -> type[asyncio.Protocol]:
     """uvicorn's h11 protocol with the timeouts uvicorn lacks: headers and body.
 
@@ -104,8 +128,7 @@ def _timed_h11_protocol(header_timeout_s: float, body_timeout_s: float) -> type[
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class TimedH11Protocol(H11Protocol):
-        _deadline: asyncio.TimerHandle | None = None
+    class TimedH11Protocol(_Deadline, H11Protocol):
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -121,19 +144,6 @@ def _timed_h11_protocol(header_timeout_s: float, body_timeout_s: float) -> type[
                     self._arm(header_timeout_s)
             else:
                 self._disarm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-        def _arm(self, seconds: float) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(seconds, self._expire)
-
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
 
         def _expire(self) -> None:
             self._deadline = None
@@ -155,17 +165,12 @@ def _timed_httptools_protocol(header_timeout_s: float,
     """uvicorn's httptools protocol with the same header and body timeouts as the h11 one."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class TimedHttpToolsProtocol(HttpToolsProtocol):
-        _deadline: asyncio.TimerHandle | None = None
+    class TimedHttpToolsProtocol(_Deadline, HttpToolsProtocol):
         _phase = "idle"  # idle (between requests), head, body, done (answering)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm(header_timeout_s)  # a connection that never sends a byte
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -186,15 +191,6 @@ def _timed_httptools_protocol(header_timeout_s: float,
             super().on_message_complete()
             self._phase = "done"
             self._disarm()
-
-        def _arm(self, seconds: float) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(seconds, self._expire)
-
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
 
         def _expire(self) -> None:
             self._deadline = None
