@@ -412,3 +412,30 @@ def test_prepacked_bf16_linears_track_in_place_weight_changes_and_autograd() -> 
         assert torch.equal(linear(x), plain(x, linear.weight, linear.bias))
     linear(x).float().sum().backward()  # grad on: the ordinary differentiable path
     assert linear.weight.grad is not None
+
+
+EXIT_SCRIPT = """
+import asyncio, atexit, sys
+seen = {}
+# registered before relayrl's hook, so it runs after it (atexit is last in, first out)
+atexit.register(lambda: print("engine thread alive at exit:", seen["e"]._thread.is_alive()))
+from relayrl.engine.local import LocalEngine
+from relayrl.types import GenerateRequest, SamplingParams
+e = seen["e"] = LocalEngine(sys.argv[1], dtype="float32", max_context=64, num_threads=1)
+out = asyncio.run(e.generate(GenerateRequest(prompt_ids=[1, 2, 3],
+                                             params=SamplingParams(max_new_tokens=4))))
+print("generated", len(out.output_ids))
+"""
+
+
+def test_an_engine_left_open_is_closed_before_the_interpreter_exits(model_dir: str) -> None:
+    # Left running, the engine thread was sometimes frozen inside torch during finalisation and
+    # the process aborted ("terminate called without an active exception", exit -6).
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, model_dir], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "generated 4" in proc.stdout
+    assert "engine thread alive at exit: False" in proc.stdout
