@@ -161,3 +161,48 @@ async def test_staleness_is_the_hand_out_version_minus_the_sampling_version() ->
     assert second.version == 1 and second.staleness == (1,)
     assert second.stats.mean_staleness == pytest.approx(0.5)
     await rc.aclose()
+
+
+async def test_dynamic_sampling_sets_uniform_groups_aside_and_samples_others() -> None:
+    # items with a "reward" give every episode that reward (uniform group); the others give
+    # each episode its sample index (a spread)
+    data = [{"reward": 1.0}, {"reward": 0.0}, {}, {"reward": 1.0}, {}]
+    cfg = _config(group_size=3, batch_size=2, dynamic_sampling=True, max_staleness=0,
+                  max_concurrent_rollouts=3)
+    async with RolloutController(LengthWorkflow(), data, cfg) as rc:
+        batch = await asyncio.wait_for(rc.next_batch(), 5)
+        stats = rc.stats()
+    assert batch.group_sizes == (3, 3)
+    for start in (0, 3):  # both batched groups carry a spread of rewards
+        assert len(set(batch.rows.rewards[start:start + 3])) == 3
+    assert stats.groups_set_aside == 3  # items 0, 1 and 3 were sampled and set aside
+    assert stats.groups_accepted == 2
+
+
+async def test_dynamic_sampling_batches_uniform_groups_once_its_budget_is_spent() -> None:
+    data = [{"reward": 1.0}]  # every group uniform: without a budget no batch would ever come
+    cfg = _config(group_size=2, batch_size=2, dynamic_sampling=True, dynamic_sampling_budget=1,
+                  max_staleness=0, max_concurrent_rollouts=2)
+    async with RolloutController(LengthWorkflow(), data, cfg) as rc:
+        first = await asyncio.wait_for(rc.next_batch(), 5)
+        set_aside_first = rc.stats().groups_set_aside
+        rc.set_version(1)  # the trainer's step: the budget starts again for the next batch
+        await asyncio.wait_for(rc.next_batch(), 5)
+        stats = rc.stats()
+    assert first.group_sizes == (2, 2) and set(first.rows.rewards) == {1.0}
+    assert set_aside_first == 2  # budget 1 x batch 2
+    assert stats.groups_set_aside == 4
+
+
+async def test_dynamic_sampling_is_off_by_default_and_in_eval() -> None:
+    data = [{"reward": 1.0}]
+    for cfg in (_config(group_size=2, batch_size=1),
+                _config(group_size=2, batch_size=1, dynamic_sampling=True, is_eval=True)):
+        async with RolloutController(LengthWorkflow(), data, cfg) as rc:
+            batch = await asyncio.wait_for(rc.next_batch(), 5)
+            assert batch.group_sizes == (2,) and rc.stats().groups_set_aside == 0
+
+
+def test_a_negative_dynamic_sampling_budget_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="dynamic_sampling_budget"):
+        _config(dynamic_sampling_budget=-1)

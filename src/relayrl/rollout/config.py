@@ -34,6 +34,10 @@ class RolloutConfig:
     experiment: str = "default"          # dump path component (a training run uses its experiment_name)
     trial: str = "trial0"                # dump path component (a training run uses its trial_name)
     progress: bool = True                # show a tqdm progress bar on stderr
+    # dynamic sampling (as in DAPO): a group whose episodes all got one reward carries no GRPO
+    # signal; it is set aside and another item sampled in its place. Off in eval.
+    dynamic_sampling: bool = False
+    dynamic_sampling_budget: int = 3     # per batch, at most this × batch_size groups set aside
 
     def __post_init__(self) -> None:
         if self.group_size < 1 or self.batch_size < 1:
@@ -45,6 +49,9 @@ class RolloutConfig:
             raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
         if self.episode_timeout_s <= 0:
             raise ConfigError(f"episode_timeout_s must be > 0, got {self.episode_timeout_s}")
+        if self.dynamic_sampling_budget < 0:
+            raise ConfigError(f"dynamic_sampling_budget must be >= 0, got "
+                              f"{self.dynamic_sampling_budget}")
         if self.epochs is not None and self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1 or None, got {self.epochs}")
         default_http = AgentConfig.http_timeout_s

@@ -45,6 +45,16 @@ _POLL_S = 0.2
 _KEEP_ERRORS = 32
 
 
+def uniform_group(rows: RowBatch, tol: float = 1e-6) -> bool:
+    """True when every episode of the group got one reward (an episode's reward is the mean of
+    its rows', as the trainer's group advantages count it): GRPO learns nothing from it."""
+    per_episode: dict[str, list[float]] = {}
+    for episode, reward in zip(rows.episode_ids, rows.rewards, strict=True):
+        per_episode.setdefault(episode, []).append(reward)
+    means = [sum(r) / len(r) for r in per_episode.values()]
+    return bool(means) and max(means) - min(means) <= tol
+
+
 @dataclass(frozen=True)
 class RolloutStats:
     """Counters at one moment. Episode counts are cumulative; `running` is now."""
@@ -63,6 +73,8 @@ class RolloutStats:
     groups_accepted: int
     groups_dropped: int
     """Groups in which no episode finished with rows."""
+    groups_set_aside: int
+    """Groups whose episodes all got one reward, set aside by dynamic sampling (not batched)."""
     groups_queued: int
     """Accepted groups waiting for `next_batch`."""
     rows_out: int
@@ -155,6 +167,8 @@ class RolloutController:
         self._counts = {s: 0 for s in EpisodeStatus}
         self._running_episodes = 0
         self._groups_dropped = 0
+        self._groups_set_aside = 0
+        self._set_aside_since_batch = 0
         self._rows_out = 0
         self._staleness_sum = 0
         self._errors: deque[str] = deque(maxlen=_KEEP_ERRORS)
@@ -261,9 +275,13 @@ class RolloutController:
             if finished:
                 group = _Group(task_id, version,
                                RowBatch.concat(o.rows for o in finished if o.rows is not None))
-                self._ready.append(group)
-                accepted = True
-                self._dump(group)
+                if self._set_aside(group.rows):
+                    self._groups_set_aside += 1
+                    self._set_aside_since_batch += 1
+                else:
+                    self._ready.append(group)
+                    accepted = True
+                    self._dump(group)
             else:
                 self._groups_dropped += 1
         except Exception as e:  # a bug above the episodes (merging, dumping): drop the group
@@ -275,6 +293,15 @@ class RolloutController:
             self._running_episodes -= self.config.group_size - ended  # members never reported
             self._poke()
             self._notify()
+
+    def _set_aside(self, rows: RowBatch) -> bool:
+        """Dynamic sampling: True for a uniform group while this batch's budget lasts."""
+        cfg = self.config
+        if not cfg.dynamic_sampling or cfg.is_eval:
+            return False
+        if self._set_aside_since_batch >= cfg.dynamic_sampling_budget * cfg.batch_size:
+            return False  # spent: batch it; the trainer drops it if drop_uniform_groups is on
+        return uniform_group(rows)
 
     def _episode_done(self, outcome: EpisodeOutcome) -> None:
         self._counts[outcome.status] += 1
@@ -332,6 +359,7 @@ class RolloutController:
                           for h, a in zip(heads, admitted, strict=True))
         self._rows_out += len(staleness)
         self._staleness_sum += sum(staleness)
+        self._set_aside_since_batch = 0
         self._poke()  # handing out frees no slot, but the trainer may bump the version next
         return Batch(
             rows=merged,
@@ -361,6 +389,7 @@ class RolloutController:
             accepted=s[EpisodeStatus.FINISHED], rejected=s[EpisodeStatus.REJECTED],
             aborted=s[EpisodeStatus.ABORTED], groups_running=self._gate.running,
             groups_accepted=self._gate.accepted, groups_dropped=self._groups_dropped,
+            groups_set_aside=self._groups_set_aside,
             groups_queued=len(self._ready), rows_out=self._rows_out,
             mean_staleness=self._mean_staleness(), recent_errors=tuple(self._errors),
             aborted_by_reason=dict(self._abort_reasons), workflow=self._workflow_counters(),

@@ -139,7 +139,7 @@ class ExternalSessionSource:
         return RolloutStats(
             version=self.version_fn(), paused=self._stop.is_set(), running=waiting,
             accepted=c.trained, rejected=c.empty, aborted=c.dropped_stale, groups_running=0,
-            groups_accepted=c.batches * self.batch_size, groups_dropped=0,
+            groups_accepted=c.batches * self.batch_size, groups_dropped=0, groups_set_aside=0,
             groups_queued=len(self._ready), rows_out=c.trained, mean_staleness=0.0,
             aborted_by_reason={"stale": c.dropped_stale} if c.dropped_stale else {})
 

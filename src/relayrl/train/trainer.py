@@ -331,6 +331,7 @@ class _Run:
         metrics.update(
             adv.stats, rows=float(tb.num_rows),
             aborted_episodes=float(stats.aborted), rejected_episodes=float(stats.rejected),
+            set_aside_groups=float(stats.groups_set_aside),
             step_s=step_s, trained_tokens_per_s=trained_tokens(batch.rows) / max(step_s, 1e-9),
         )
         metrics.update(episode_metrics(batch.rows))
@@ -362,8 +363,9 @@ def _counters_text(counters: dict[str, float]) -> str:
 
 def _print_step(step: int, total: int, m: dict[str, float]) -> None:
     keys = ("reward_mean", "loss", "approx_kl", "clip_frac", "tool_call_rate",
-            "trained_tokens_per_s", "step_s")
-    shown = " ".join(f"{k}={m[k]:.3g}" for k in keys if k in m)
+            "trained_tokens_per_s", "step_s", "set_aside_groups")
+    shown = " ".join(f"{k}={m[k]:.3g}" for k in keys
+                     if k in m and (m[k] or k != "set_aside_groups"))  # 0 unless dynamic sampling
     counters = _counters_text({k[len(WORKFLOW_PREFIX):]: v for k, v in m.items()
                                if k.startswith(WORKFLOW_PREFIX)})
     print(f"step {step}/{total} {shown}{' workflow ' + counters if counters else ''}",
