@@ -63,10 +63,12 @@ class InProcessServices:
 
     engine: RecordingEngine = field(default_factory=RecordingEngine)
     closed: bool = False
+    rollouts: list[RolloutConfig] = field(default_factory=list)
 
     def batches(self, workflow: Any, workflow_kwargs: dict[str, Any] | None,
                 dataset: Sequence[dict[str, Any]], rollout: RolloutConfig,
                 version_fn: Callable[[], int]) -> RolloutController:
+        self.rollouts.append(rollout)
         return RolloutController(workflow, dataset, rollout, version_fn=version_fn)
 
     async def aclose(self) -> None:
@@ -78,7 +80,7 @@ def test_turn_advantages_train_through_the_trainer_on_a_launcher_it_was_handed(
         tmp_path: Path, tiny_llama_dir: str) -> None:
     cfg = RelayConfig(
         model=tiny_llama_dir, fileroot=str(tmp_path), experiment_name="ports", trial_name="t",
-        train=TrainConfig(advantage_source="turn", total_steps=2, lr=1e-4, bf16=False,
+        seed=7, train=TrainConfig(advantage_source="turn", total_steps=2, lr=1e-4, bf16=False,
                           checkpoint_every=0, save_optimizer=False),
         rollout=RolloutConfig(group_size=2, batch_size=1, max_concurrent_rollouts=4,
                               progress=False, episode_timeout_s=30.0))
@@ -91,6 +93,7 @@ def test_turn_advantages_train_through_the_trainer_on_a_launcher_it_was_handed(
     assert result.steps == 2
     assert services.engine.versions == [1, 2]  # one push per step, stamped with the new version
     assert services.closed
+    assert [r.seed for r in services.rollouts] == [7]  # the run's seed orders the data
     metrics = (cfg.log_dir / "metrics.jsonl").read_text()
     assert '"loss"' in metrics and '"trained_tokens"' in metrics
 

@@ -27,7 +27,7 @@ class RolloutConfig:
     # agents: mode, workers, export style, credit rule, discount, capacity wait (one section)
     agent: AgentConfig = field(default_factory=AgentConfig)
     shuffle: bool = True                 # shuffle the dataset each epoch
-    seed: int = 0                        # shuffling seed (epoch e uses seed + e)
+    seed: int | None = None              # shuffling seed (epoch e: seed + e); None: the run's seed
     epochs: int | None = None            # passes over the dataset; None cycles forever
     is_eval: bool = False                # episodes see is_eval; stats and dumps go to eval-rollout
     dump_root: str | None = None         # fileroot of trajectory dumps; None writes none

@@ -209,7 +209,7 @@ class RolloutController:
         while self.config.epochs is None or epoch < self.config.epochs:
             order = list(range(len(self.dataset)))
             if self.config.shuffle:
-                random.Random(self.config.seed + epoch).shuffle(order)
+                random.Random((self.config.seed or 0) + epoch).shuffle(order)
             yield from order
             epoch += 1
 

@@ -207,6 +207,8 @@ class _Run:
     def _controller(self, workflow: Any, kwargs: dict[str, Any] | None,
                     dataset: Sequence[dict[str, Any]], is_eval: bool) -> BatchSource:
         rollout = self.cfg.rollout
+        if rollout.seed is None:  # the run's seed orders the data too: seeds differ in it
+            rollout = replace(rollout, seed=self.cfg.seed)
         if is_eval:
             rollout = replace(rollout, group_size=1, batch_size=len(dataset), epochs=1,
                               shuffle=False, is_eval=True, max_staleness=0,
