@@ -8,6 +8,7 @@
    agent running unchanged against the in-process gateway, held-out eval, checkpoint, plot.
 
     python examples/math_agent/train.py [dotted.overrides ...]
+    python examples/math_agent/train.py seed=1,2,3 [...]   # one run per seed, then the mean
 """
 
 from __future__ import annotations
@@ -53,4 +54,8 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    if any(a.startswith("seed=") and "," in a for a in sys.argv[1:]):
+        import seeds
+
+        sys.exit(0 if all(r.returncode == 0 for r in seeds.main(sys.argv[1:])) else 1)
     main(sys.argv[1:])
