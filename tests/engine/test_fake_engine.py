@@ -161,3 +161,19 @@ async def test_the_fake_serves_thousands_of_requests_per_second(model_dir: str) 
     start = loop.time()
     await asyncio.gather(*(engine.generate(request()) for _ in range(n)))
     assert n / (loop.time() - start) > 1000  # ~30k/s when the machine is idle
+
+
+@pytest.mark.parametrize(("prompt", "stops", "bad"), [
+    ([1, 2, 99], [], None), ([1, -1, 2], [], -1), ([1, 100, 2], [], 100), ([5], [3, 100], 100),
+    ([0], [0, 99], None)])
+def test_token_ids_outside_the_vocabulary_are_named(prompt: list[int], stops: list[int],
+                                                     bad: int | None) -> None:
+    from relayrl.engine.base import validate_request
+
+    request = GenerateRequest(prompt_ids=prompt,
+                              params=SamplingParams(max_new_tokens=4, stop_token_ids=stops))
+    if bad is None:
+        validate_request(request, context_length=1000, vocab_size=100)
+    else:
+        with pytest.raises(InvalidRequest, match=f"token id {bad} is outside the vocabulary"):
+            validate_request(request, context_length=1000, vocab_size=100)

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from relayrl.engine.fake import FakeEngine
+from relayrl.errors import InvalidRequest
 from relayrl.gateway.config import GatewayConfig
 from relayrl.gateway.server import GatewayThread, build_deps
 from tests.gateway.conftest import Gateway, Script, fake_gateway
@@ -492,3 +493,18 @@ def test_a_prompt_longer_than_the_real_context_is_a_400(real_gw: Gateway, route:
     if route != MESSAGES:
         assert r.json()["error"]["code"] == "context_length_exceeded"
     assert real_gw.export(s["session_id"]) == []
+
+
+@pytest.mark.parametrize(("depth", "ok"), [(1, True), (63, True), (64, True), (65, False)])
+def test_the_depth_limit_counts_every_level_exactly(depth: int, ok: bool) -> None:
+    from relayrl.gateway.bodies import MAX_JSON_DEPTH, check_depth
+
+    assert MAX_JSON_DEPTH == 64
+    for opener, closer in ((b"[", b"]"), (b'{"a":', b"}")):
+        value = json.loads(opener * depth + b"0" + closer * depth)
+        if ok:
+            check_depth(value)
+        else:
+            with pytest.raises(InvalidRequest, match="deeper than 64"):
+                check_depth(value)
+    check_depth([{"a": [1, {"b": "x"}]}, "s", 3])  # mixed lists and dicts, scalars anywhere

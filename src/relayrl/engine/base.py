@@ -69,7 +69,11 @@ def validate_request(request: GenerateRequest, context_length: int, vocab_size: 
             f"prompt has {len(request.prompt_ids)} tokens; the model's context is "
             f"{context_length} tokens and at least one must be left for the output"
         )
-    bad = [t for t in (*request.prompt_ids, *p.stop_token_ids) if not 0 <= t < vocab_size]
+    ids = request.prompt_ids
+    # min/max run in C; the comprehension that names the bad id only runs when one is
+    in_range = min(ids) >= 0 and max(ids) < vocab_size and all(
+        0 <= t < vocab_size for t in p.stop_token_ids)
+    bad = [] if in_range else [t for t in (*ids, *p.stop_token_ids) if not 0 <= t < vocab_size]
     if bad:
         raise InvalidRequest(
             f"token id {bad[0]} is outside the vocabulary (size {vocab_size}); "
