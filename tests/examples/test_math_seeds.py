@@ -3,28 +3,14 @@ and the lift's mean and spread over the runs."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from relayrl.train.metrics import MetricsLogger
+from tests.examples import load_example
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math_agent"
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"math_agent_{name}", EXAMPLE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
-
-
-seeds = _load("seeds")
+seeds = load_example("math_agent", "seeds")
 
 
 def _write_run(logs: Path, before: float, after: float, skipped: int) -> Path:

@@ -7,12 +7,9 @@ loopback whose engine is a FakeEngine scripted by the teacher.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -20,21 +17,13 @@ from relayrl.chat.conversation import Conversation, Message, Tool, ToolCall
 from relayrl.chat.renderer import Renderer
 from relayrl.errors import InvalidRequest
 from relayrl.trajectory import read_jsonl
+from tests.examples import load_example
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math_agent"
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"math_agent_{name}", EXAMPLE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
-
-
-tasks = _load("tasks")
-teacher = _load("teacher")
+tasks = load_example("math_agent", "tasks")
+teacher = load_example("math_agent", "teacher")
 
 
 def _jsonl(name: str) -> list[dict]:

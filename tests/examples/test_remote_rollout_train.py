@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -14,18 +13,14 @@ from types import ModuleType
 import pytest
 import torch
 
+from tests.examples import load_example
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "remote_rollout"
 
 
 def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(EXAMPLE))  # the example's modules import each other by name
-    spec = importlib.util.spec_from_file_location(f"remote_rollout_{name}", EXAMPLE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_example("remote_rollout", name, on_path=True)
 
 
 def test_teacher_traces_are_the_calculator_servers_tool_calls(model_dir: str) -> None:
