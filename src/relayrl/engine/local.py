@@ -749,13 +749,17 @@ def _packed_linear_matches() -> bool:
     return torch.equal(y, torch.nn.functional.linear(x, w))
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def default_num_threads() -> int:
     """Torch threads for the engine: the cores this process may use, less one, and at most torch's."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(torch.get_num_threads(), cores - 1))
+    return max(1, min(torch.get_num_threads(), usable_cores() - 1))
 
 
 def _pick_dtype(dtype: str, device: torch.device) -> torch.dtype:

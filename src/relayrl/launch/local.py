@@ -25,7 +25,13 @@ from relayrl.engine.local import LocalEngine
 from relayrl.errors import ConfigError
 from relayrl.gateway.config import GatewayConfig
 from relayrl.gateway.server import GatewayThread, build_deps
-from relayrl.launch.replicas import AllEngines, Replicas, refuse_replicas, start_replicas
+from relayrl.launch.replicas import (
+    AllEngines,
+    Replicas,
+    engine_threads,
+    refuse_replicas,
+    start_replicas,
+)
 from relayrl.remote_rollout.workflow import build_remote_workflow
 from relayrl.rollout import RolloutConfig, RolloutController
 from relayrl.train.actor import Actor
@@ -141,6 +147,11 @@ class LocalServices:
     """A vLLM server started for this run (stopped with the services), or None."""
     replicas: Replicas | None = None
     """With `gateway.replicas > 1`: every gateway and the router the client talks to."""
+
+    @property
+    def engine_threads(self) -> int:
+        """Torch threads of the engines in this process: the trainer leaves them these cores."""
+        return engine_threads(self.engine)
 
     def batches(self, workflow: Any, workflow_kwargs: dict[str, Any] | None,
                 dataset: Sequence[dict[str, Any]], rollout: RolloutConfig,

@@ -53,6 +53,12 @@ class Replicas:
         self.stop()
 
 
+def engine_threads(engine: InferenceEngine | AllEngines) -> int:
+    """Torch threads of the in-process engines (`num_threads`; a server elsewhere has none)."""
+    engines = engine.engines if isinstance(engine, AllEngines) else [engine]
+    return sum(int(getattr(e, "num_threads", 0) or 0) for e in engines)
+
+
 class AllEngines:
     """The replicas' engines as one weight sink: an update goes to all of them at once.
 

@@ -27,7 +27,13 @@ from relayrl.gateway.routes_rl_v1 import Refusal, state_of
 from relayrl.gateway.server import GatewayThread, build_deps
 from relayrl.gateway.server import ensure_admin_key as gateway_admin_key
 from relayrl.launch.local import check_replica_engines, start_engine, start_engines
-from relayrl.launch.replicas import AllEngines, Replicas, replica_share, start_replicas
+from relayrl.launch.replicas import (
+    AllEngines,
+    Replicas,
+    engine_threads,
+    replica_share,
+    start_replicas,
+)
 from relayrl.rollout import RolloutConfig
 from relayrl.rollout.external import ExternalSessionSource, SourceCounters
 from relayrl.train.actor import Actor
@@ -77,6 +83,11 @@ class ServiceServices:
     shows it (agents may finish sessions while the trainer still warm-starts)."""
     replicas: Replicas | None = None
     """With `gateway.replicas > 1`: every gateway and the public router."""
+
+    @property
+    def engine_threads(self) -> int:
+        """Torch threads of the engines in this process: the trainer leaves them these cores."""
+        return engine_threads(self.engine)
 
     @property
     def gateways(self) -> list[GatewayThread]:

@@ -48,6 +48,7 @@ class TrainConfig:
     keep_checkpoints: int = 2                 # keep the newest K checkpoints (0 keeps all)
     save_optimizer: bool = True               # write optimizer.pt so a run can resume exactly
     world_size: int = 1                       # data-parallel trainer ranks (torch.distributed; rank 0 serves rollouts)
+    num_threads: int | None = None            # torch threads of SFT and RL updates; None: all cores for SFT, the cores an in-process engine leaves for RL
 
     def __post_init__(self) -> None:
         positive = ("lr", "micro_batch_tokens", "total_steps", "minibatches", "tis_cap",
@@ -57,6 +58,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         non_negative = ("warmup_steps", "weight_decay", "grad_clip", "eps_clip_low",
                         "eps_clip_high", "kl_coef", "checkpoint_every", "keep_checkpoints")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError(f"num_threads must be >= 1 or null, got {self.num_threads}")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from relayrl.engine.local import usable_cores
 from relayrl.errors import ConfigError
 from relayrl.models import model_path
 from relayrl.rollout import Batch
@@ -189,6 +190,17 @@ def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _in_threads(threads: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` with `threads` torch threads in this (worker) thread.
+
+    OpenMP's thread count is per thread, and a thread started after another one set it (the
+    engine sets 1 for its own) starts with that count: without this, asyncio.to_thread's workers
+    ran every update on one thread whatever the machine had.
+    """
+    torch.set_num_threads(threads)
+    return fn(*args)
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
@@ -203,6 +215,18 @@ class _Run:
     services: Services
     workflow_counters: dict[str, float] = field(default_factory=dict)
     """The training controller's workflow counters as of the last batch."""
+
+    def threads(self, phase: str) -> int:
+        """Torch threads for an SFT or RL update (`train.num_threads` unless None): every core
+        for SFT, when no rollout runs; for RL, the cores left by an in-process engine, which
+        samples the next batch while the update runs (more threads than cores slows both:
+        benchmarks/RESULTS.md, "Engine threads under contention")."""
+        if self.cfg.train.num_threads is not None:
+            return self.cfg.train.num_threads
+        cores = usable_cores()
+        if phase == "sft":
+            return cores
+        return max(1, cores - int(getattr(self.services, "engine_threads", 0)))
 
     def _controller(self, workflow: Any, kwargs: dict[str, Any] | None,
                     dataset: Sequence[dict[str, Any]], is_eval: bool) -> BatchSource:
@@ -219,7 +243,8 @@ class _Run:
     async def warm_start(self, rows: Sequence[Any]) -> None:
         """SFT on recorded traces, then serve the warmed weights (the version stays 0)."""
         sft_log = MetricsLogger(self.cfg.log_dir / "sft", tensorboard=False)
-        await asyncio.to_thread(run_sft, self.actor, rows, self.cfg.sft, self.cfg.seed,
+        await asyncio.to_thread(_in_threads, self.threads("sft"), run_sft, self.actor, rows,
+                                self.cfg.sft, self.cfg.seed,
                                 sft_log.log)
         sft_log.close()
         if isinstance(self.actor, DistributedActor):
@@ -321,7 +346,8 @@ class _Run:
         tb = TrainBatch.from_row_batch(batch.rows)
         adv = compute_advantages(tb, self.cfg.train)
         # rollouts keep sampling with the old weights while the update runs in a thread
-        metrics = await asyncio.to_thread(self.actor.update, adv.batch, adv.adv_B_T)
+        metrics = await asyncio.to_thread(_in_threads, self.threads("rl"), self.actor.update,
+                                          adv.batch, adv.adv_B_T)
         if metrics.get("n_tokens", 0) == 0:
             # No signal (every group uniform): no optimizer step, but the version moves on, or
             # the staleness rule (which admits by version) would never admit another batch.

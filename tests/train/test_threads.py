@@ -1,0 +1,77 @@
+"""The trainer picks its torch threads per phase instead of inheriting whatever count the thread
+pool's workers were born with (the engine thread's 1, on this machine)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from relayrl.config import RelayConfig
+from relayrl.errors import ConfigError
+from relayrl.train import trainer
+from relayrl.train.config import TrainConfig
+
+
+@dataclass
+class Services:
+    engine_threads: int
+
+
+@pytest.mark.parametrize(("cores", "engine", "setting", "sft", "rl"), [
+    (2, 1, None, 2, 1),    # this machine: the engine's core is left to it during RL
+    (16, 15, None, 16, 1),
+    (16, 4, None, 16, 12),
+    (2, 0, None, 2, 2),    # an engine served elsewhere
+    (2, 8, None, 2, 1),    # never fewer than one
+    (2, 1, 3, 3, 3),       # train.num_threads wins
+])
+def test_threads_per_phase(monkeypatch: pytest.MonkeyPatch, cores: int, engine: int,
+                           setting: int | None, sft: int, rl: int) -> None:
+    monkeypatch.setattr(trainer, "usable_cores", lambda: cores)
+    cfg = RelayConfig(train=TrainConfig(num_threads=setting))
+    run = trainer._Run(cfg, actor=None, services=Services(engine))  # type: ignore[arg-type]
+    assert (run.threads("sft"), run.threads("rl")) == (sft, rl)
+
+
+def test_a_worker_born_after_another_thread_set_one_gets_what_it_asks_for() -> None:
+    before = torch.get_num_threads()
+    try:
+        setter = threading.Thread(target=torch.set_num_threads, args=(1,))
+        setter.start()
+        setter.join()
+
+        async def in_worker(threads: int | None) -> int:
+            if threads is None:
+                return await asyncio.to_thread(torch.get_num_threads)
+            return await asyncio.to_thread(trainer._in_threads, threads, torch.get_num_threads)
+
+        async def both() -> tuple[int, int]:
+            return await in_worker(None), await in_worker(2)
+
+        inherited, asked = asyncio.run(both())
+    finally:
+        torch.set_num_threads(before)
+    assert inherited == 1  # what the trainer's updates ran on before it asked
+    assert asked == 2
+
+
+def test_num_threads_below_one_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="num_threads"):
+        TrainConfig(num_threads=0)
+
+
+def test_engine_threads_count_in_process_engines_only(model_dir: str) -> None:
+    from relayrl.engine.fake import FakeEngine
+    from relayrl.launch.replicas import AllEngines, engine_threads
+
+    @dataclass
+    class Local:
+        num_threads: int
+
+    assert engine_threads(FakeEngine(["x"], tokenizer_path=model_dir)) == 0
+    assert engine_threads(Local(1)) == 1  # type: ignore[arg-type]
+    assert engine_threads(AllEngines([Local(1), Local(2)])) == 3  # type: ignore[list-item]
