@@ -123,6 +123,9 @@ def bad_cases(route: str) -> dict[str, tuple[bytes, dict[str, str]]]:
         "max tokens a string": (enc({**good_body(route), tf: "10"}), js),
         "max tokens a bool": (enc({**good_body(route), tf: True}), js),
         "negative temperature": (enc({**good_body(route), "temperature": -0.5}), js),
+        # Python's json writes and reads these; JSON has no such numbers
+        "NaN in metadata": (enc({**good_body(route), "metadata": {"x": float("nan")}}), js),
+        "Infinity as temperature": (enc({**good_body(route), "temperature": float("inf")}), js),
     }
 
 
