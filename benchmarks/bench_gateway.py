@@ -12,6 +12,11 @@ prompts of identical conversations (GRPO sends each prompt group_size times):
     piece cache, as a growing agent conversation does).
 Also measured: the FakeEngine called directly in-process (the baseline for "gateway overhead").
 Prints a markdown table for benchmarks/RESULTS.md.
+
+Before/after a change: `--baseline-src DIR` starts a second gateway from another checkout's
+`src` (e.g. `git worktree add /tmp/before HEAD~1`, then `--baseline-src /tmp/before/src`) and
+runs every row on both, alternating which goes first, `--rounds` times; the table then shows
+both medians and the per-round ratio of p50s (baseline / this tree).
 """
 
 from __future__ import annotations
@@ -154,6 +159,67 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def start_gateway(model_dir: str, src: str | None = None) -> tuple[subprocess.Popen, str]:
+    """A `--serve` child (relayrl from `src` when given); returns it and its URL."""
+    port_file = tempfile.mktemp()
+    env = dict(os.environ)
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", model_dir, port_file], env=env)
+    for _ in range(600):
+        if os.path.exists(port_file) and Path(port_file).read_text():
+            return proc, Path(port_file).read_text()
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the gateway child did not start")
+
+
+def session_keys(url: str) -> list[str]:
+    """Open SESSIONS sessions; their keys."""
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    return [httpx.post(url + "/rl/start_session", json={}, headers=admin).json()["api_key"]
+            for _ in range(SESSIONS)]
+
+
+def compare(model_dir: str, baseline_src: str, args: argparse.Namespace) -> None:
+    """Every row on this tree's gateway and the baseline's, interleaved; a table of both."""
+    procs = []
+    try:
+        (p_new, new), (p_old, old) = start_gateway(model_dir), start_gateway(model_dir,
+                                                                              baseline_src)
+        procs = [p_new, p_old]
+        keys = {new: session_keys(new), old: session_keys(old)}
+        print("| history | mode | stream | conc. | req/s | p50 ms | baseline req/s | "
+              "baseline p50 ms | p50 baseline / this (per round) |")
+        print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
+        for n_msgs in _ints(args.histories):
+            for mode in [m for m in args.modes.split(",") if m]:
+                for stream in [x == "yes" for x in args.stream.split(",") if x]:
+                    for conns in _ints(args.conns):
+                        got: dict[str, list[dict]] = {new: [], old: []}
+                        for r in range(args.rounds):
+                            order = (new, old) if r % 2 == 0 else (old, new)
+                            for url in order:
+                                body = body_for(n_msgs, stream, mode == "unique")
+                                run_wrk(url, keys[url], body, conns, 1.0)  # warm-up
+                                got[url].append(run_wrk(url, keys[url], body, conns,
+                                                        args.seconds))
+                        med = {u: {k: statistics.median(x[k] for x in v) for k in ("rps", "p50")}
+                               for u, v in got.items()}
+                        ratios = ", ".join(f"{o['p50'] / n['p50']:.2f}"
+                                           for n, o in zip(got[new], got[old], strict=True))
+                        print(f"| {n_msgs} | {mode} | {'yes' if stream else 'no'} | {conns} | "
+                              f"{med[new]['rps']:.0f} | {med[new]['p50']:.2f} | "
+                              f"{med[old]['rps']:.0f} | {med[old]['p50']:.2f} | {ratios} |",
+                              flush=True)
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+
+
 def main() -> None:
     """Run the matrix and print the table."""
     ap = argparse.ArgumentParser()
@@ -163,6 +229,8 @@ def main() -> None:
     ap.add_argument("--modes", default="repeated,unique", help="history modes: repeated,unique")
     ap.add_argument("--stream", default="no,yes", help="streaming: no,yes")
     ap.add_argument("--serve", nargs=2, metavar=("MODEL_DIR", "PORT_FILE"))
+    ap.add_argument("--baseline-src", help="another checkout's src/: run every row on both")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (with a baseline)")
     args = ap.parse_args()
     if args.serve:
         serve(*args.serve)
@@ -172,6 +240,11 @@ def main() -> None:
     from relayrl.models import model_path
 
     model_dir = model_path("smollm2-135m-instruct")
+    if args.baseline_src:
+        print(f"load average at the start: {os.getloadavg()}")
+        compare(str(model_dir), args.baseline_src, args)
+        print(f"load average at the end: {os.getloadavg()}")
+        return
     port_file = tempfile.mktemp()
     proc = subprocess.Popen([sys.executable, __file__, "--serve", model_dir, port_file])
     modes = [m for m in args.modes.split(",") if m]

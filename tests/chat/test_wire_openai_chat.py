@@ -14,6 +14,8 @@ from typing import Any
 import httpx2
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
@@ -29,6 +31,8 @@ from relayrl.chat.conversation import (
     ToolCall,
     ToolCallDelta,
 )
+from relayrl.chat.schema.openai_chat import ChatCompletionRequest
+from relayrl.chat.wire_common import parse_model
 from relayrl.errors import ContextLengthExceeded, InvalidRequest, NotFound
 
 TOOLS = [
@@ -456,3 +460,45 @@ def test_sdk_raises_bad_request_with_our_error_body() -> None:
         client.chat.completions.create(model="m", messages=USER, presence_penalty=1.0)  # type: ignore[arg-type]
     assert info.value.param == "presence_penalty"
     assert info.value.type == "invalid_request_error"
+
+
+# ---------------------------------------------------------------- plain turns skip pydantic
+
+_TURN = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "developer", "assistant"]),
+                           "content": st.text(max_size=12)}),
+    st.fixed_dictionaries({"role": st.just("user"), "content": st.text(max_size=12),
+                           "name": st.text(min_size=1, max_size=4)}),
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none(),
+                           "tool_calls": st.just([{"id": "c1", "type": "function", "function": {
+                               "name": "get_weather", "arguments": "{}"}}])}),
+    st.fixed_dictionaries({"role": st.just("tool"), "content": st.text(max_size=8),
+                           "tool_call_id": st.just("c1")}),
+    st.fixed_dictionaries({"role": st.just("user"), "content": st.just([
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}])}),
+    st.just({"role": "user", "content": "x" * (wire.INTERN_CHARS + 1)}),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_TURN, min_size=1, max_size=8))
+def test_plain_turns_convert_as_the_validated_path_does(msgs: list[dict[str, Any]]) -> None:
+    raw = {"model": "m", "messages": msgs, "tools": TOOLS}
+    fast = wire.to_request(wire.parse_body(raw)).conversation
+    slow = wire.to_request(parse_model(ChatCompletionRequest, raw)).conversation
+    assert fast == slow
+
+
+def test_a_bad_message_after_plain_turns_is_named_by_its_place_in_the_request() -> None:
+    msgs = [*USER, {"role": "assistant", "content": "ok"}, {"role": "robot", "content": "hi"}]
+    with pytest.raises(InvalidRequest) as info:
+        wire.parse_body({"model": "m", "messages": msgs})
+    assert info.value.param == "messages.2.role"  # type: ignore[attr-defined]
+    with pytest.raises(InvalidRequest) as info:
+        parse({"model": "m", "messages": [*msgs[:2], {"role": "tool", "content": "3"}]})
+    assert info.value.param == "messages[2].tool_call_id"  # type: ignore[attr-defined]
+
+
+def test_a_request_of_plain_turns_only_still_needs_a_message() -> None:
+    with pytest.raises(InvalidRequest, match="must not be empty"):
+        parse({"model": "m", "messages": []})

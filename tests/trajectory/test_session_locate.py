@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import pytest
@@ -179,10 +180,10 @@ def _many_conversations(n_calls: int) -> tuple[Session, list[Message]]:
 def test_locate_work_depends_on_the_call_not_on_how_many_calls_are_stored(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import relayrl.trajectory.session as session_module
+    import relayrl.chat.conversation as conversation_module
 
     counted = {"n": 0}
-    original = session_module.canonical_message
+    original = conversation_module.canonical_message
 
     def counting(m: Message) -> str:
         counted["n"] += 1
@@ -191,11 +192,24 @@ def test_locate_work_depends_on_the_call_not_on_how_many_calls_are_stored(
     work = []
     for n_calls in (30, 900):
         s, last = _many_conversations(n_calls)
-        monkeypatch.setattr(session_module, "canonical_message", counting)
+        # fresh copies: a turn computes its canonical form once (`Message.canonical_bytes`)
+        fresh = tuple(dataclasses.replace(m) for m in last)
+        monkeypatch.setattr(conversation_module, "canonical_message", counting)
         counted["n"] = 0
-        located = s.locate(Conversation(tuple(last)))
-        monkeypatch.setattr(session_module, "canonical_message", original)
+        located = s.locate(Conversation(fresh))
+        monkeypatch.setattr(conversation_module, "canonical_message", original)
         assert located.parent is not None and located.reason is None
         work.append((len(last), counted["n"]))
     # one canonical form per message of the new call, whatever the session holds
     assert work[0] == work[1] == (work[0][0], work[0][0])
+
+
+def test_a_turn_keeps_its_canonical_bytes_and_a_lone_surrogate_still_hashes() -> None:
+    m = Message(role="user", content=" 3 + 4 \ud800 ")
+    assert m.canonical_bytes == canonical_message(m).encode("utf-8", "surrogatepass")
+    assert m.canonical_bytes is m.canonical_bytes  # computed once
+    assert m == Message(role="user", content=" 3 + 4 \ud800 ")  # the cache is not a field
+    s = Session("s")
+    call(s, [m], "ok")
+    assert s.locate(Conversation((m, Message(role="assistant", content="ok"),
+                                  user("next")))).parent is not None

@@ -7,6 +7,7 @@ shared between the renderer, the session tree and the durable log.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -44,6 +45,13 @@ class Message:
     """For `role == "tool"`: the id of the call this message answers."""
     name: str | None = None
     """For `role == "tool"`: the tool's name, when the wire format gives it."""
+
+    @functools.cached_property
+    def canonical_bytes(self) -> bytes:
+        """`canonical_message(self)` in UTF-8 (a lone surrogate kept), computed once per turn."""
+        # Plain turns are interned across requests (the wire converters), and a session's parent
+        # lookup hashes every turn of every call: the cache makes a re-sent turn nearly free.
+        return canonical_message(self).encode("utf-8", "surrogatepass")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ them), so the gateway can use all of it on a machine without them.
 May import: `relayrl.types`, `relayrl.errors`, `relayrl.chat` (never engine, gateway or above).
 """
 
+from relayrl.chat.conversation import canonical_message
 from relayrl.trajectory.credit import (
     DEFAULT_CREDIT_RULE,
     CallTree,
@@ -49,7 +50,6 @@ from relayrl.trajectory.session import (
     SessionJournal,
     SessionState,
     SessionStats,
-    canonical_message,
     hash_key,
 )
 from relayrl.trajectory.staleness import StalenessGate, staleness_limit

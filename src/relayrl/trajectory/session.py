@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
-from relayrl.chat.conversation import Conversation, Message, ParsedReply, canonical_message
+from relayrl.chat.conversation import Conversation, Message, ParsedReply
 from relayrl.errors import (
     InvalidRequest,
     NotFound,
@@ -61,8 +61,7 @@ def _chain(h: Any, m: Message) -> None:
     k. One running hash, copied at the assistant turns that are looked up, costs about half of
     chaining a fresh sha256 per message.
     """
-    # surrogatepass: a lone surrogate (valid in JSON) must hash, not crash the lookup
-    h.update(canonical_message(m).encode("utf-8", "surrogatepass"))
+    h.update(m.canonical_bytes)
 
 
 def _context_text(conv: Conversation) -> str:
@@ -209,7 +208,7 @@ class Session:
         other_k = 0
         has_assistant = False
         for i, m in enumerate(conv.messages):
-            _chain(h, m)
+            h.update(m.canonical_bytes)  # `_chain`, inlined in the hot loop
             if m.role != "assistant":
                 continue
             has_assistant = True
