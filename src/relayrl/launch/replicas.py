@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -109,9 +109,14 @@ class AllEngines:
 def start_replicas(config: GatewayConfig, replicas: int, *,
                    engines: Sequence[InferenceEngine] | None = None,
                    engine_urls: Sequence[str] | None = None,
-                   router_host: str = "127.0.0.1", router_port: int = 0) -> Replicas:
+                   router_host: str = "127.0.0.1", router_port: int = 0,
+                   before_start: Callable[[GatewayThread], None] | None = None) -> Replicas:
     """Start `replicas` gateways (engines given, one per `engine_urls`, or loaded from `config`)
-    on loopback ports, and a router in front of them at `router_host:router_port`."""
+    on loopback ports, and a router in front of them at `router_host:router_port`.
+
+    `before_start(gateway)` runs on each gateway before it listens (to install hooks that must
+    hold for its first request).
+    """
     if replicas < 1:
         raise ConfigError("gateway.replicas must be >= 1")
     for name, given in (("engines", engines), ("engine_urls", engine_urls)):
@@ -125,7 +130,10 @@ def start_replicas(config: GatewayConfig, replicas: int, *,
             if engine_urls is not None:
                 cfg = replace(cfg, engine_url=engine_urls[i])
             engine = engines[i] if engines is not None else None
-            gateways.append(GatewayThread(build_deps(cfg, engine=engine)).start())
+            gateway = GatewayThread(build_deps(cfg, engine=engine))
+            if before_start is not None:
+                before_start(gateway)
+            gateways.append(gateway.start())
         router = RouterThread(RouterConfig(backends=[g.url for g in gateways]),
                               host=router_host, port=router_port).start()
     except BaseException:

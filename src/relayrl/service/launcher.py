@@ -65,6 +65,51 @@ def ensure_admin_key(cfg: RelayConfig) -> tuple[RelayConfig, Path | None]:
 
 
 @dataclass
+class TrainerView:
+    """What every gateway of the service shows of the trainer (`/rl/v1/status`) and whom it
+    admits. It is installed before a gateway listens, so no request sees a gateway without it."""
+
+    actor: Actor
+    counters: SourceCounters = field(default_factory=SourceCounters)
+    """What the trainer's source has seen; exists from the start, so `/rl/v1/status` always
+    shows it (agents may finish sessions while the trainer still warm-starts)."""
+    training: bool = False
+    """The trainer asks for batches (its SFT warm-start is over)."""
+    draining: bool = False
+
+    @property
+    def phase(self) -> str:
+        """"warming_up" until the trainer asks for batches (after its SFT warm-start), then
+        "training"; "draining" once stopping."""
+        if self.draining:
+            return "draining"
+        return "training" if self.training else "warming_up"
+
+    def install(self, gateway: GatewayThread) -> None:
+        """Make `gateway` report the trainer and refuse sessions while it is not training."""
+        v1 = state_of(gateway.app)
+        v1.status_extra = self.status
+        v1.admit = self.admit
+
+    def admit(self, _deps: Any) -> Refusal | None:
+        """Refuse new sessions unless the trainer takes batches."""
+        # During the warm-start the engine still serves the weights from before SFT, under the
+        # same version 0 the warmed weights get: sessions sampled then would be trained as if
+        # from the warmed policy, so none start until the trainer is ready for them.
+        if self.draining:
+            return Refusal(DRAIN_RETRY_S, "the service is shutting down")
+        if not self.training:
+            return Refusal(WARMUP_RETRY_S, "the service is warming up (SFT) before it trains")
+        return None
+
+    def status(self) -> dict[str, Any]:
+        """The trainer's side of `/rl/v1/status`: phase, steps, and what the source has seen."""
+        return {"trainer": {"phase": self.phase, "step": self.actor.step,
+                            "version": self.actor.version, "draining": self.draining,
+                            **self.counters.as_dict()}}
+
+
+@dataclass
 class ServiceServices:
     """The engine, the public gateway, an admin client, and the source of external batches
     (with replicas: every engine as one weight sink, the router as the public address)."""
@@ -74,15 +119,16 @@ class ServiceServices:
     """The gateway (with replicas: the first one; `replicas` has them all)."""
     client: SessionClient
     config: RelayConfig
-    actor: Actor
+    view: TrainerView
     managed_server: Any = None
     source: ExternalSessionSource | None = None
-    draining: bool = False
-    counters: SourceCounters = field(default_factory=SourceCounters)
-    """What the trainer's source has seen; exists from the start, so `/rl/v1/status` always
-    shows it (agents may finish sessions while the trainer still warm-starts)."""
     replicas: Replicas | None = None
     """With `gateway.replicas > 1`: every gateway and the public router."""
+
+    @property
+    def actor(self) -> Actor:
+        """The trainer's actor."""
+        return self.view.actor
 
     @property
     def engine_threads(self) -> int:
@@ -94,35 +140,14 @@ class ServiceServices:
         """Every gateway serving the policy."""
         return self.replicas.gateways if self.replicas is not None else [self.gateway]
 
-    def __post_init__(self) -> None:
-        for gateway in self.gateways:  # each reports the trainer and refuses while not training
-            v1 = state_of(gateway.app)
-            v1.status_extra = self.status
-            v1.admit = self._admit
-
     @property
-    def phase(self) -> str:
-        """"warming_up" until the trainer asks for batches (after its SFT warm-start), then
-        "training"; "draining" once stopping."""
-        if self.draining:
-            return "draining"
-        return "warming_up" if self.source is None else "training"
-
-    def _admit(self, _deps: Any) -> Refusal | None:
-        # During the warm-start the engine still serves the weights from before SFT, under the
-        # same version 0 the warmed weights get: sessions sampled then would be trained as if
-        # from the warmed policy, so none start until the trainer is ready for them.
-        if self.draining:
-            return Refusal(DRAIN_RETRY_S, "the service is shutting down")
-        if self.source is None:
-            return Refusal(WARMUP_RETRY_S, "the service is warming up (SFT) before it trains")
-        return None
+    def draining(self) -> bool:
+        """Stopping: no new sessions, no more batches."""
+        return self.view.draining
 
     def status(self) -> dict[str, Any]:
-        """The trainer's side of `/rl/v1/status`: phase, steps, and what the source has seen."""
-        return {"trainer": {"phase": self.phase, "step": self.actor.step,
-                            "version": self.actor.version, "draining": self.draining,
-                            **self.counters.as_dict()}}
+        """The trainer's side of `/rl/v1/status`."""
+        return self.view.status()
 
     def batches(self, workflow: Any, workflow_kwargs: dict[str, Any] | None,
                 dataset: Sequence[dict[str, Any]], rollout: RolloutConfig,
@@ -135,20 +160,21 @@ class ServiceServices:
             max_staleness=rollout.max_staleness, version_fn=version_fn,
             export_style=str(agent.export_style), credit=str(agent.credit),
             discount=agent.discount, group_wait_s=svc.group_wait_s, poll_s=svc.poll_s)
-        self.source.counters = self.counters
+        self.source.counters = self.view.counters
+        self.view.training = True
         if self.draining:  # a stop that came before the trainer asked (during a warm-start)
             self.source.stop()
         return self.source
 
     def stop(self) -> None:
         """Refuse new sessions and hand the trainer no more batches (SIGINT/SIGTERM)."""
-        self.draining = True
+        self.view.draining = True
         if self.source is not None:
             self.source.stop()
 
     async def aclose(self) -> None:
         """Abort sessions still open (never trained), then stop the gateway and the engine."""
-        self.draining = True
+        self.view.draining = True
         for session_id in await self.client.open_sessions():
             with contextlib.suppress(Exception):  # ended meanwhile: nothing to abort
                 await self.client.abort_session(session_id)
@@ -179,12 +205,14 @@ class ServiceLauncher:
         cfg = self.config
         gw_cfg = replace(service_gateway_config(cfg), model=actor.model_dir(),
                          model_label=cfg.gateway.model_label or cfg.model)
+        view = TrainerView(actor, draining=self._stop_requested)
         if cfg.gateway.replicas > 1:
             engines = await start_engines(cfg, actor)
             sink = AllEngines(engines)
             try:
                 rep = start_replicas(gw_cfg, len(engines), engines=engines,
-                                     router_host=gw_cfg.host, router_port=gw_cfg.port)
+                                     router_host=gw_cfg.host, router_port=gw_cfg.port,
+                                     before_start=view.install)
             except BaseException:
                 await sink.aclose()
                 raise
@@ -192,15 +220,17 @@ class ServiceLauncher:
                   f"{len(engines)} replicas: {', '.join(g.url for g in rep.gateways)})",
                   flush=True)
             client = SessionClient(rep.url, admin_key=gw_cfg.admin_key)
-            self.services = ServiceServices(sink, rep.gateways[0], client, cfg, actor,
+            self.services = ServiceServices(sink, rep.gateways[0], client, cfg, view,
                                             replicas=rep)
         else:
             engine, managed = await start_engine(cfg, actor)
             gateway = GatewayThread(build_deps(gw_cfg, engine=engine), host=gw_cfg.host,
-                                    port=gw_cfg.port).start()
-            print(f"relayrl service listening at {gateway.url}", flush=True)
+                                    port=gw_cfg.port)
+            view.install(gateway)
+            gateway.start()
             client = SessionClient(gateway.url, admin_key=gw_cfg.admin_key)
-            self.services = ServiceServices(engine, gateway, client, cfg, actor, managed)
+            self.services = ServiceServices(engine, gateway, client, cfg, view, managed)
+            print(f"relayrl service listening at {gateway.url}", flush=True)
         if self._stop_requested:
             self.services.stop()
         return self.services
