@@ -54,6 +54,7 @@ class Conn(asyncio.Protocol):
         self.pending = 0
         self.headers_done = False
         self.complete = False
+        self.keep_alive = False
         self.head_only = False
         self.framed = False
         """Whether the answer says where it ends (content-length or chunked); else at EOF."""
@@ -127,6 +128,8 @@ class Conn(asyncio.Protocol):
             self.headers = []
             return
         self.complete = True
+        # asked now: once the message is done the parser forgets (always False after)
+        self.keep_alive = self.parser.should_keep_alive()
 
     # ---------------------------------------------------------------- the reader's side
 
@@ -196,7 +199,7 @@ class Conn(asyncio.Protocol):
         """Back to the pool if the answer was read whole and the connection can carry another,
         else closed."""
         if (self.complete and not self.lost and not self.head_only and self.error is None
-                and self.parser.should_keep_alive() and self.transport is not None
+                and self.keep_alive and self.transport is not None
                 and not self.transport.is_closing()):
             self._reset()
             self.pool.put(self)
