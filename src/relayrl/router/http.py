@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import http
 import logging
+import signal
 import socket
 import time
 from collections import deque
@@ -428,12 +429,13 @@ class RouterHttpServer:
         run_loop(self.serve())
 
     def _signals(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in ("SIGINT", "SIGTERM"):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError, AttributeError):
-                loop.add_signal_handler(getattr(__import__("signal"), sig), self._exit)
+        # signal.signal, as uvicorn does: a flag the serve loop polls (uvloop's
+        # add_signal_handler did not fire for SIGTERM here)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread
+                signal.signal(sig, self._exit)
 
-    def _exit(self) -> None:
+    def _exit(self, *_: object) -> None:
         self.should_exit = True
 
     async def serve(self) -> None:
