@@ -53,7 +53,7 @@ log = logging.getLogger("relayrl.router")
 
 _HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",
                   b"te", b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length"})
-_OWN = frozenset({b"date", b"server"})  # uvicorn sets its own
+_OWN = frozenset({b"date", b"server"})  # the router's server sets its own date
 _DROP = _HOP | _OWN
 _NOT_FORWARDED = _HOP | {b"expect"}  # the body is read whole before it is forwarded
 _KEYS = (b"authorization", b"x-api-key")

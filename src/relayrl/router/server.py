@@ -67,7 +67,7 @@ def serve(config: RouterConfig) -> None:
 
 
 class RouterThread:
-    """A router served by uvicorn on a loopback port in a background thread (tests, benchmarks,
+    """A router served on a loopback port in a background thread (tests, benchmarks,
     the replicas launcher). `with RouterThread(config) as r: r.url`."""
 
     def __init__(self, config: RouterConfig, host: str = "127.0.0.1", port: int = 0) -> None:
