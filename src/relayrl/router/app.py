@@ -199,6 +199,10 @@ def stream_error_frame(path: str, exc: RelayError) -> bytes:
     return (f"event: {event}\ndata: {data}\n\n" if event else f"data: {data}\n\n").encode()
 
 
+class _ClientLeft(Exception):
+    """The client left before its request was whole: nothing to forward, no one to answer."""
+
+
 def _unavailable(message: str) -> EngineError:
     return EngineError(message)  # 503
 
@@ -592,6 +596,8 @@ class Router:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise PayloadTooLarge(f"request body over {limit} bytes")
         message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientLeft
         body: bytes = message.get("body", b"")
         if not message.get("more_body", False):  # the usual case: one message
             if len(body) > limit:
@@ -600,6 +606,8 @@ class Router:
         parts, size = [body], len(body)
         while message.get("more_body", False):  # ends with the body, or a disconnect
             message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientLeft  # a cut body must not reach a gateway as a whole one
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
@@ -736,6 +744,8 @@ class _RouterApp(Starlette):
         call = _Call(scope)
         try:
             answer = await self._relay.endpoint(call, receive)
+        except _ClientLeft:
+            return
         except Exception:  # what Starlette's error middleware would do, in the route's format
             log.exception("router error on %s %s", call.method, call.path)
             answer = error_response(call.path, RelayError("internal router error"))
