@@ -176,3 +176,21 @@ async def test_an_interim_100_continue_is_skipped() -> None:
             status, headers, body = await pool.fetch("POST", b"/", [], b"x")
             assert (status, body) == (200, b"done") and headers == [(b"content-length", b"4")]
     assert len(opened) == 1
+
+
+async def test_an_answer_larger_than_the_stream_buffer_is_read_whole() -> None:
+    big = b"x" * (9 << 20)  # past the unread bytes at which a stream pauses reading
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async for _ in _requests(reader):
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(big) + big)
+            await writer.drain()
+
+    async with serving(handler) as (pool, _):
+        assert (await asyncio.wait_for(pool.fetch("GET", b"/", [], b""), 10))[2] == big
+        conn = await pool.request("GET", b"/", [], b"")
+        got = b""
+        while (chunk := await asyncio.wait_for(conn.next_chunk(), 10)) is not None:  # bounded
+            got += chunk
+            await asyncio.sleep(0.001)  # a reader slower than the socket
+        assert got == big

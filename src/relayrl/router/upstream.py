@@ -61,6 +61,8 @@ class Conn(asyncio.Protocol):
         self.error: UpstreamError | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.paused = False
+        self.streaming = False
+        """Read chunk by chunk (reading pauses while the reader lags); else read whole."""
 
     # ---------------------------------------------------------------- protocol callbacks
 
@@ -79,7 +81,8 @@ class Conn(asyncio.Protocol):
         except httptools.HttpParserError:
             self._fail(UpstreamError("the gateway's answer is not valid HTTP"))
             return
-        if self.pending > _PAUSE_AT and not self.paused and self.transport is not None:
+        if (self.streaming and self.pending > _PAUSE_AT and not self.paused
+                and self.transport is not None):
             self.paused = True
             self.transport.pause_reading()
         self._wake()
@@ -169,6 +172,7 @@ class Conn(asyncio.Protocol):
     async def next_chunk(self) -> bytes | None:
         """The body bytes that arrived since the last call, or None once the body is whole
         (the connection then goes back to the pool). Raises UpstreamError if it broke off."""
+        self.streaming = True
         while not self.chunks:
             if self.complete:
                 self.release()
