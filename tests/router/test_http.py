@@ -43,6 +43,8 @@ class App:
             await send({"type": "http.response.body", "body": b"started", "more_body": True})
             self.after_body.append((await receive())["type"])
             return
+        if scope["path"] == "/scheme":
+            body = scope["scheme"].encode()
         echo = b"%s %s ?%s %s" % (scope["method"].encode(), scope["path"].encode(),
                                   scope["query_string"], body)
         await send({"type": "http.response.start", "status": 201,
@@ -167,3 +169,14 @@ async def test_stopping_closes_idle_connections() -> None:
         await _answer(reader)
         server.should_exit = True
         assert await asyncio.wait_for(reader.read(), 5) == b""
+
+
+async def test_a_local_tls_proxy_sets_the_scheme() -> None:
+    async with serving(App()) as server:
+        reader, writer = await _connect(server)
+        writer.write(b"GET /scheme HTTP/1.1\r\nhost: r\r\nx-forwarded-proto: https\r\n\r\n"
+                     b"GET /scheme HTTP/1.1\r\nhost: r\r\n\r\n"
+                     b"GET /scheme HTTP/1.1\r\nhost: r\r\nx-forwarded-proto: gopher\r\n\r\n")
+        assert [(await _answer(reader))[2] for _ in range(3)] == [
+            b"GET /scheme ? https", b"GET /scheme ? http", b"GET /scheme ? http"]
+        writer.close()

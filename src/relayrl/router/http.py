@@ -42,6 +42,8 @@ _ERROR_500 = (b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; 
               b"content-length: 21\r\nconnection: close\r\n\r\nInternal Server Error")
 _ERROR_400 = (b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
               b"content-length: 11\r\nconnection: close\r\n\r\nBad Request")
+_TRUSTED = frozenset({"127.0.0.1", "::1"})
+"""Peers whose `x-forwarded-proto` is believed (a proxy on this machine)."""
 _BODY_PAUSE = 1 << 20
 """Unread request-body bytes at which reading from the client pauses."""
 
@@ -215,6 +217,7 @@ class HttpConn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
+        self.forwarded_proto: bytes | None = None
         self.parsing: _Cycle | None = None
         self.cycle: _Cycle | None = None
         self.queued: deque[_Cycle] = deque()
@@ -282,6 +285,7 @@ class HttpConn(asyncio.Protocol):
         """httptools: a new request."""
         self.url = b""
         self.headers = []
+        self.forwarded_proto = None
         if self.idle is not None:
             self.idle.cancel()
             self.idle = None
@@ -292,7 +296,10 @@ class HttpConn(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         """httptools: one header (names lowercased, as ASGI has them)."""
-        self.headers.append((name.lower(), value))
+        name = name.lower()
+        if name == b"x-forwarded-proto":
+            self.forwarded_proto = value
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         """httptools: the head is in: the app starts now (it reads the body as it comes)."""
@@ -305,10 +312,17 @@ class HttpConn(asyncio.Protocol):
         path = raw_path.decode("latin-1")
         if "%" in path:
             path = unquote(path)
+        scheme = "http"
+        if self.forwarded_proto is not None and self.client and self.client[0] in _TRUSTED:
+            # a TLS proxy on this machine: the URLs the router hands out (a session's base_url)
+            # must carry the scheme clients used, as uvicorn's proxy-headers default does
+            proto = self.forwarded_proto.rsplit(b",", 1)[-1].strip().lower()
+            if proto in (b"http", b"https"):
+                scheme = proto.decode()
         scope = {
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": self.parser.get_http_version(), "server": self.sockname,
-            "client": self.client, "scheme": "http",
+            "client": self.client, "scheme": scheme,
             "method": self.parser.get_method().decode("ascii"), "root_path": "",
             "path": path, "raw_path": raw_path, "query_string": query,
             "headers": self.headers, "state": self.server.state.copy(),
