@@ -6,9 +6,11 @@ run as their own processes, as in production; this process is the client (httpx,
 Prints the markdown section for benchmarks/RESULTS.md ("## Router overhead"): the machine, the
 load average at start and end, the event loop and HTTP parser the servers ran on, p50/p90/p99
 latency per path, the router's p50 overhead and its CPU per call. `--write RESULTS.md` replaces
-that section in the file (or appends it).
+that section in the file (or appends it). `--baseline-src DIR` also runs the router of another
+checkout (its `src`), in front of the same gateway with its own session, as a third path
+interleaved with the other two: old and new router measured in the same run.
 
-    python benchmarks/bench_router.py --calls 400 [--write benchmarks/RESULTS.md]
+    python benchmarks/bench_router.py --calls 400 [--baseline-src ../main/src] [--write benchmarks/RESULTS.md]
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(stack: ExitStack, args: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+def _spawn(stack: ExitStack, args: list[str], src: str = SRC) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL)
     stack.callback(lambda: (proc.terminate(), proc.wait(10)))
     return proc
@@ -86,8 +88,11 @@ def _stack() -> str:
     from relayrl.asgi import uvicorn_options
 
     opts = uvicorn_options()
-    return (f"uvicorn {version('uvicorn')} (loop {opts['loop']}, parser {opts['http']}), "
-            f"router client aiohttp {version('aiohttp')}, starlette {version('starlette')}")
+    router = ("uvicorn" if os.environ.get("RELAYRL_ROUTER_HTTP", "").lower() == "uvicorn"
+              else "its own HTTP/1.1 server")
+    return (f"gateways on uvicorn {version('uvicorn')} (loop {opts['loop']}, parser "
+            f"{opts['http']}); the router on {router} and its own client (httptools "
+            f"{version('httptools')}), loop {opts['loop']}, starlette {version('starlette')}")
 
 
 def write_section(path: Path, section: str) -> None:
@@ -108,6 +113,8 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--write", default=None, metavar="RESULTS.md",
                     help="replace the '## Router overhead' section of this file")
+    ap.add_argument("--baseline-src", default=None, metavar="DIR",
+                    help="also time the router of this source tree (another checkout's src)")
     args = ap.parse_args()
     load0 = os.getloadavg()
     started = datetime.datetime.now(datetime.UTC)
@@ -133,35 +140,55 @@ def main() -> None:
             headers=auth).status_code == 200)
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
         kinds = {"chat": body, "chat, streamed": {**body, "stream": True}}
+        # path -> (root URL, session key, process whose CPU is counted)
+        paths = {"direct": (owner, key, None), "router": (router, key, router_proc)}
+        if args.baseline_src:
+            # the same gateway only, so the baseline's session lands beside the other one
+            bport = _free_port()
+            base_proc = _spawn(stack, ["-m", "relayrl.router.cli", "--port", str(bport),
+                                       "--backend", owner], src=args.baseline_src)
+            baseline = f"http://127.0.0.1:{bport}"
+            _wait(baseline)
+            bkey = client.post(baseline + "/rl/v1/start_session", json={},
+                               headers=auth).json()["api_key"]
+            paths["baseline router"] = (baseline, bkey, base_proc)
         lat: dict[tuple[str, str], list[float]] = {}
-        for _ in range(20):  # warm both paths' connections
-            for base in (owner, router):
+        for _ in range(20):  # warm every path's connections
+            for base, k, _proc in paths.values():
                 client.post(base + "/v1/chat/completions", json=body,
-                            headers={"authorization": f"Bearer {key}"})
-        cpu0, gcpu0 = _cpu_s(router_proc.pid), _cpu_s(procs[owner].pid)
+                            headers={"authorization": f"Bearer {k}"})
+        cpu0 = {name: _cpu_s(p.pid) for name, (_, _, p) in paths.items() if p is not None}
+        gcpu0 = _cpu_s(procs[owner].pid)
+        names = list(paths)
         for i in range(args.calls):
             for kind, b in kinds.items():
-                order = [("direct", owner), ("router", router)]
-                for name, base in (order if i % 2 else order[::-1]):
+                j = i % len(names)
+                order = names[j:] + names[:j]  # each path first, middle and last in turn
+                for name in (order if (i // len(names)) % 2 else order[::-1]):
+                    base, k, _proc = paths[name]
                     t0 = time.perf_counter()
                     with client.stream("POST", base + "/v1/chat/completions", json=b,
-                                       headers={"authorization": f"Bearer {key}"}) as r:
+                                       headers={"authorization": f"Bearer {k}"}) as r:
                         r.read()
                         assert r.status_code == 200
                     lat.setdefault((kind, name), []).append((time.perf_counter() - t0) * 1e3)
-        routed = sum(len(xs) for (_, name), xs in lat.items() if name == "router")
-        cpu_ms = (_cpu_s(router_proc.pid) - cpu0) * 1e3 / routed
-        gateway_ms = (_cpu_s(procs[owner].pid) - gcpu0) * 1e3 / (2 * routed)
+        calls = args.calls * len(kinds)
+        cpu_ms = {name: (_cpu_s(paths[name][2].pid) - c0) * 1e3 / calls  # type: ignore[union-attr]
+                  for name, c0 in cpu0.items()}
+        gateway_ms = (_cpu_s(procs[owner].pid) - gcpu0) * 1e3 / (len(names) * calls)
     load1 = os.getloadavg()
     out = [HEADING, "",
-           f"Command: `PYTHONPATH=$PWD/src python benchmarks/bench_router.py --calls {args.calls}`  ",
+           f"Command: `PYTHONPATH=$PWD/src python benchmarks/bench_router.py --calls {args.calls}"
+           + (f" --baseline-src {args.baseline_src}" if args.baseline_src else "") + "`  ",
            f"Machine: {_machine()}; {_stack()}.  ",
            f"Date: {started:%Y-%m-%d, %H:%M} UTC. Load average (1, 5, 15 min): "
            f"{load0[0]:.2f}, {load0[1]:.2f}, {load0[2]:.2f} at the start; "
            f"{load1[0]:.2f}, {load1[1]:.2f}, {load1[2]:.2f} at the end.",
            "Two FakeEngine gateways and the router each in their own process, the client (httpx, "
            "keep-alive) in the benchmark's; one session, its calls sent one at a time, direct and "
-           "routed interleaved (order alternating), `max_tokens: 8`.", "",
+           "routed interleaved (order rotating), `max_tokens: 8`."
+           + (" The baseline router (the other checkout's) fronts the same gateway, with its own "
+              "session there." if args.baseline_src else ""), "",
            "| call | path | calls | p50 ms | p90 ms | p99 ms |",
            "| --- | --- | ---: | ---: | ---: | ---: |"]
     for (kind, name), xs in lat.items():
@@ -169,14 +196,22 @@ def main() -> None:
                    f"{_pct(xs, 0.9):.2f} | {_pct(xs, 0.99):.2f} |")
     out.append("")
     for kind in kinds:
-        d, r = lat[(kind, "direct")], lat[(kind, "router")]
-        paired = [b - a for a, b in zip(d, r, strict=True)]
-        out.append(f"{kind}: router p50 - direct p50 = "
-                   f"{statistics.median(r) - statistics.median(d):.2f} ms; "
-                   f"median of paired differences = {statistics.median(paired):.2f} ms.  ")
-    out.append(f"Router process CPU per routed call (user + system, health checks included): "
-               f"{cpu_ms:.2f} ms; the gateway's CPU per call (direct and routed): "
-               f"{gateway_ms:.2f} ms.")
+        d = lat[(kind, "direct")]
+        for name in names[1:]:
+            r = lat[(kind, name)]
+            paired = [b - a for a, b in zip(d, r, strict=True)]
+            out.append(f"{kind}: {name} p50 - direct p50 = "
+                       f"{statistics.median(r) - statistics.median(d):.2f} ms; "
+                       f"median of paired differences = {statistics.median(paired):.2f} ms.  ")
+        if "baseline router" in names:
+            r, b0 = lat[(kind, "router")], lat[(kind, "baseline router")]
+            paired = [x - y for x, y in zip(r, b0, strict=True)]
+            out.append(f"{kind}: router - baseline router, median of paired differences = "
+                       f"{statistics.median(paired):.2f} ms.  ")
+    for name, ms in cpu_ms.items():
+        out.append(f"{name.capitalize()} process CPU per routed call (user + system, health checks "
+                   f"included): {ms:.2f} ms.  ")
+    out.append(f"The gateway's CPU per call (all paths): {gateway_ms:.2f} ms.")
     section = "\n".join(out) + "\n"
     print(section)
     if args.write:

@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from relayrl.router.app import Router, open_session
+from relayrl.router.app import Router
 from relayrl.router.config import RouterConfig
 
 FIRST = b'data: {"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":"he"}}]}\n\n'
@@ -45,13 +45,12 @@ async def test_a_broken_stream_ends_with_an_error_frame(path: str, check) -> Non
     port = server.sockets[0].getsockname()[1]
     router = Router(RouterConfig(backends=[f"http://127.0.0.1:{port}"]))
     router.backends[0].healthy = True
-    router.session = open_session(router.config)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=router.app()),
                                      base_url="http://router") as client:
             r = await asyncio.wait_for(client.post(path, json={"stream": True}), 10)
     finally:
-        await router.session.close()
+        router.close()
         server.close()
         await server.wait_closed()
     assert r.status_code == 200 and r.content.startswith(FIRST)

@@ -3,6 +3,7 @@ gateway stops sampling and notes the call as aborted, as when the client hangs u
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -12,7 +13,7 @@ import openai
 from relayrl.engine.fake import FakeEngine
 from relayrl.gateway.config import GatewayConfig
 from relayrl.gateway.server import GatewayThread, build_deps
-from relayrl.router import RouterConfig, RouterThread
+from relayrl.router import Router, RouterConfig, RouterThread
 from tests.router.conftest import ADMIN
 
 LONG_REPLY = " ".join(f"word{i}" for i in range(400))
@@ -54,3 +55,36 @@ def test_hanging_up_on_the_router_aborts_the_call_on_the_gateway(model_dir: str)
     finally:
         router.stop()
         gateway.stop()
+
+
+async def test_a_client_leaving_mid_body_sends_nothing_to_the_gateway() -> None:
+    requests: list[bytes] = []
+
+    async def gateway(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests.append(await reader.read(65536))  # b"" when the router only health-checks
+        writer.close()
+
+    server = await asyncio.start_server(gateway, "127.0.0.1", 0)
+    router = Router(RouterConfig(backends=[f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"]))
+    router.backends[0].healthy = True
+    messages = [{"type": "http.request", "body": b'{"model": "m", ', "more_body": True},
+                {"type": "http.disconnect"}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return messages.pop(0)
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
+             "raw_path": b"/v1/chat/completions", "query_string": b"", "headers": [
+                 (b"content-length", b"40"), (b"authorization", b"Bearer k")]}
+    try:
+        await asyncio.wait_for(router.app()(scope, receive, send), 5)
+        await asyncio.sleep(0.1)
+    finally:
+        router.close()
+        server.close()
+        await server.wait_closed()
+    assert requests == [] and sent == []

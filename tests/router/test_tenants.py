@@ -122,3 +122,15 @@ def test_tenant_files_keep_keys_hashed_and_gateways_unshared(tmp_path: Path) -> 
     bad.write_text(json.dumps([{"name": "a", "api_key_sha256": "abc", "backends": ["http://x:1"]}]))
     with pytest.raises(ConfigError, match="64 hex"):
         load_tenants(bad)
+
+
+def test_a_backend_key_that_would_break_a_header_line_is_refused(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([{"name": "a", "api_key_sha256": key_digest("k"),
+                                 "backends": ["http://x:1"], "backend_key_env": "A_KEY"}]))
+    monkeypatch.setenv("A_KEY", "key\r\nx-forged: 1")
+    with pytest.raises(ConfigError, match="printable"):
+        load_tenants(path)
+    monkeypatch.setenv("A_KEY", "a-fine-key")
+    assert load_tenants(path)[0].backend_key == "a-fine-key"

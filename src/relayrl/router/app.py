@@ -10,10 +10,11 @@ are passed through to the backends, which authenticate; the router only routes, 
 logs a key. With tenants, a key must be a tenant's key or a session key bound
 through it, and a tenant's calls only ever reach that tenant's own backends.
 
-The outbound pool is aiohttp's: about a third of the CPU per relayed call of httpx's transport
-(httpcore on anyio), measured in benchmarks/bench_router_cpu.py.
+A relayed call takes the short way through: raw ASGI in and out (no Starlette request or
+response objects), and the router's own keep-alive client (`upstream.py`) out to the gateway.
+Starlette serves the lifespan and the answers the router writes itself (errors, fan-outs).
 
-May import: starlette, aiohttp, relayrl.errors, relayrl.chat (error bodies), relayrl.router.
+May import: starlette, httptools, relayrl.errors, relayrl.chat (error bodies), relayrl.router.
 Never the gateway's internals (it talks to gateways over HTTP only), nor torch.
 """
 
@@ -29,15 +30,13 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
-import aiohttp
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from yarl import URL
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 
-from relayrl.asgi import EventStream
 from relayrl.chat import wire_anthropic, wire_openai_chat
 from relayrl.errors import (
     AuthenticationFailed,
@@ -48,13 +47,16 @@ from relayrl.errors import (
     RelayError,
 )
 from relayrl.router.config import RouterConfig, Tenant
+from relayrl.router.upstream import Conn, Pool, UpstreamError, UpstreamUnreachable
 
 log = logging.getLogger("relayrl.router")
 
 _HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",
                   b"te", b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length"})
-_OWN = frozenset({b"date", b"server"})  # uvicorn sets its own
+_OWN = frozenset({b"date", b"server"})  # the router's server sets its own date
 _DROP = _HOP | _OWN
+_NOT_FORWARDED = _HOP | {b"expect"}  # the body is read whole before it is forwarded
+_KEYS = (b"authorization", b"x-api-key")
 _START = frozenset({"/rl/start_session", "/rl/v1/start_session"})
 _BY_ID_BODY = frozenset({"/export_trajectories", "/rl/ack_export", "/rl/abort_session"})
 _FAN_SUM = {"/grant_capacity": "capacity"}
@@ -74,6 +76,20 @@ class Backend:
     """Open sessions at the last health check."""
     started: int = 0
     """Sessions this router started there since that check."""
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 600.0
+    pool: Pool = field(init=False, repr=False)
+    """Keep-alive connections to this backend."""
+    prefix: bytes = field(init=False, repr=False)
+    """The URL's path, put before every forwarded path."""
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        tls = parts.scheme == "https"
+        self.pool = Pool(parts.hostname or "127.0.0.1", parts.port or (443 if tls else 80),
+                         tls=tls, connect_timeout_s=self.connect_timeout_s,
+                         read_timeout_s=self.read_timeout_s)
+        self.prefix = parts.path.rstrip("/").encode("latin-1")
 
     @property
     def load(self) -> int:
@@ -117,13 +133,47 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-def _request_key(request: Request, path_key: str | None) -> str | None:
-    if path_key:
-        return path_key
-    auth = request.headers.get("authorization", "")
-    if auth[:7].lower() == "bearer ":
-        return auth[7:].strip() or None
-    return request.headers.get("x-api-key") or None
+class _Call:
+    """One inbound request: its ASGI scope, and the few headers routing reads (one pass)."""
+
+    __slots__ = ("api_key", "authorization", "headers", "length", "method", "path", "scope")
+
+    def __init__(self, scope: Scope) -> None:
+        self.scope = scope
+        self.path: str = scope["path"]
+        self.method: str = scope["method"]
+        self.headers: list[tuple[bytes, bytes]] = scope["headers"]
+        self.authorization = self.api_key = self.length = None
+        for name, value in self.headers:
+            name = name.lower()
+            if name == b"authorization":
+                if self.authorization is None:
+                    self.authorization = value
+            elif name == b"x-api-key":
+                if self.api_key is None:
+                    self.api_key = value
+            elif name == b"content-length":
+                self.length = value
+
+    def key(self, path_key: str | None) -> str | None:
+        """The API key the request carries: in its path, `Authorization: Bearer`, `x-api-key`."""
+        if path_key:
+            return path_key
+        auth = (self.authorization or b"").decode("latin-1")
+        if auth[:7].lower() == "bearer ":
+            return auth[7:].strip() or None
+        return self.api_key.decode("latin-1") if self.api_key else None
+
+    def target(self) -> bytes:
+        """The raw path and query, as the client sent them (no decoding and re-encoding)."""
+        scope = self.scope
+        raw = scope.get("raw_path") or self.path.encode()
+        query = scope.get("query_string", b"")
+        return raw + b"?" + query if query else raw
+
+    def request(self) -> Request:
+        """A Starlette view of the request (base URL, query parameters) for the rare routes."""
+        return Request(self.scope)
 
 
 def error_response(path: str, exc: RelayError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -149,8 +199,104 @@ def stream_error_frame(path: str, exc: RelayError) -> bytes:
     return (f"event: {event}\ndata: {data}\n\n" if event else f"data: {data}\n\n").encode()
 
 
+class _ClientLeft(Exception):
+    """The client left before its request was whole: nothing to forward, no one to answer."""
+
+
 def _unavailable(message: str) -> EngineError:
     return EngineError(message)  # 503
+
+
+class _Answer:
+    """Something the router answers with: `await answer(scope, receive, send)`, as a Starlette
+    response is."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class _Whole(_Answer):
+    """A gateway's whole answer, its bytes as they came (headers filtered, length set)."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [*self.headers, (b"content-length", str(len(self.body)).encode())]
+        await send({"type": "http.response.start", "status": self.status, "headers": headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+@dataclass
+class _StreamState:
+    done: bool = False
+    """The answer went out whole (a disconnect seen after that changes nothing)."""
+    client_left: bool = False
+    """The watcher saw the client leave and cancelled the relay."""
+
+
+async def _watch_disconnect(receive: Receive, relaying: asyncio.Task[Any],
+                            state: _StreamState) -> None:
+    # The body was read before relaying began, so what is left is the disconnect; the bound
+    # only guards against a server that keeps sending other messages.
+    for _ in range(1 << 16):
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+    else:
+        return
+    if not state.done:
+        state.client_left = True
+        relaying.cancel()
+
+
+class _Stream(_Answer):
+    """A gateway's SSE answer, relayed as its bytes arrive (what one socket read brought is
+    one chunk). A gateway that breaks off mid-way gets an error frame in the route's format; a
+    client that leaves cancels the relay and the gateway connection is closed, so the gateway
+    stops generating and notes the call as aborted."""
+
+    __slots__ = ("conn", "headers", "path", "status", "url")
+
+    def __init__(self, conn: Conn, status: int, headers: list[tuple[bytes, bytes]], path: str,
+                 url: str) -> None:
+        self.conn, self.status, self.headers, self.path, self.url = conn, status, headers, path, url
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        relaying = asyncio.current_task()
+        assert relaying is not None  # ASGI apps run in a task
+        state = _StreamState()
+        # one plain task listens for the client leaving (Starlette's StreamingResponse runs an
+        # anyio task group per stream for that)
+        watcher = asyncio.create_task(_watch_disconnect(receive, relaying, state))
+        conn, whole = self.conn, False
+        try:
+            await send({"type": "http.response.start", "status": self.status,
+                        "headers": self.headers})
+            ended = True  # at a frame boundary
+            try:
+                while (chunk := await conn.next_chunk()) is not None:
+                    ended = chunk.endswith(b"\n\n")
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                whole = True  # the connection went back to the pool
+            except UpstreamError as e:
+                log.warning("stream from %s broke off (%s)", self.url, e)
+                frame = stream_error_frame(
+                    self.path, _unavailable("the gateway holding this session stopped mid-stream"))
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": (b"" if ended else b"\n\n") + frame})
+            await send({"type": "http.response.body", "body": b""})
+        except asyncio.CancelledError:
+            if not state.client_left:
+                raise
+            relaying.uncancel()
+        finally:
+            state.done = True
+            watcher.cancel()
+            if not whole:
+                conn.close()  # mid-answer: the gateway sees the client leave
 
 
 @dataclass
@@ -167,36 +313,22 @@ class _Upstream:
         except ValueError:
             return None
 
-    def response(self) -> Response:
-        out = Response(self.body, status_code=self.status)
-        out.raw_headers = [*self.headers, (b"content-length", str(len(self.body)).encode())]
-        return out
+    def response(self) -> _Whole:
+        return _Whole(self.status, self.headers, self.body)
 
 
-def open_session(config: RouterConfig) -> aiohttp.ClientSession:
-    """The relay's connection pool (call from within the event loop that will use it)."""
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30,
-                                     enable_cleanup_closed=False)
-    timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout_s,
-                                    sock_read=config.read_timeout_s)
-    return aiohttp.ClientSession(
-        connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar(),
-        auto_decompress=False, trust_env=False, raise_for_status=False,
-        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"))
+Answer = _Answer | JSONResponse
+"""What a route answers with (a relayed answer, or one the router writes itself)."""
 
 
 @dataclass
 class Router:
-    """Backends, bindings and the shared connection pool; `app()` serves them."""
+    """Backends, bindings and their connection pools; `app()` serves them."""
 
     config: RouterConfig
     backends: list[Backend] = field(default_factory=list)
     keys: _Bounded = field(init=False)
     sessions: _Bounded = field(init=False)
-    session: aiohttp.ClientSession | None = None
-    """The shared connection pool calls and health checks go over: no cookie jar (a relay must
-    not carry one backend's cookies to another), no redirects, no decompression (bytes are
-    relayed as the gateway sent them), no default headers added."""
     _tenants: dict[str, Tenant] = field(default_factory=dict)
     _turn: itertools.count = field(default_factory=itertools.count)
 
@@ -204,17 +336,20 @@ class Router:
         self.config.validate()
         self.keys = _Bounded(self.config.max_bindings)
         self.sessions = _Bounded(self.config.max_bindings)
+        timeouts = {"connect_timeout_s": self.config.connect_timeout_s,
+                    "read_timeout_s": self.config.read_timeout_s}
         if self.config.tenants:
             self._tenants = {t.key_sha256: t for t in self.config.tenants}
-            self.backends = [Backend(u, t) for t in self.config.tenants for u in t.backends]
+            self.backends = [Backend(u, t, **timeouts) for t in self.config.tenants
+                             for u in t.backends]
         else:
-            self.backends = [Backend(u.rstrip("/")) for u in self.config.backends]
+            self.backends = [Backend(u.rstrip("/"), **timeouts) for u in self.config.backends]
 
     # ------------------------------------------------------------------ who and where
 
-    def caller(self, request: Request, path_key: str | None) -> Caller:
+    def caller(self, call: _Call, path_key: str | None) -> Caller:
         """Resolve the request's key to a scope; raise 401 for an unknown key under tenants."""
-        key = _request_key(request, path_key)
+        key = call.key(path_key)
         if key:
             owner = self.keys.get(_digest(key))
             if owner is not None:
@@ -245,101 +380,61 @@ class Router:
 
     # ------------------------------------------------------------------ forwarding
 
-    def _headers(self, request: Request, caller: Caller) -> list[tuple[bytes, bytes]]:
-        headers = [(k, v) for k, v in request.headers.raw if k.lower() not in _HOP]
+    @staticmethod
+    def _headers(call: _Call, caller: Caller) -> list[tuple[bytes, bytes]]:
+        headers = [(k, v) for k, v in call.headers if k.lower() not in _NOT_FORWARDED]
         if caller.tenant is not None and caller.tenant.backend_key:
-            headers = [(k, v) for k, v in headers if k.lower() not in (b"authorization", b"x-api-key")]
+            headers = [(k, v) for k, v in headers if k.lower() not in _KEYS]
             headers.append((b"authorization", b"Bearer " + caller.tenant.backend_key.encode()))
         return headers
 
-    def _url(self, backend: Backend, request: Request) -> URL:
-        # The raw path and query, as the client sent them (no decoding and re-encoding).
-        scope = request.scope
-        query = scope.get("query_string", b"")
-        raw = scope.get("raw_path") or scope["path"].encode()
-        target = (raw + b"?" + query if query else raw).decode("latin-1")
-        return URL(backend.url + target, encoded=True)
-
-    async def send(self, backend: Backend, request: Request, caller: Caller,
-                   body: bytes) -> aiohttp.ClientResponse:
-        """Send the request to `backend` and return its answer unread (raises EngineError)."""
-        assert self.session is not None
-        headers = [(k.decode("latin-1"), v.decode("latin-1"))
-                   for k, v in self._headers(request, caller)]
+    async def send(self, backend: Backend, call: _Call, caller: Caller, body: bytes) -> Conn:
+        """Send the request to `backend`; the connection once the answer's head is in (its body
+        unread). Raises EngineError (503)."""
         try:
-            return await self.session.request(
-                request.method, self._url(backend, request), headers=headers,
-                data=body or None, allow_redirects=False)
-        except aiohttp.ClientConnectorError as e:
-            self.mark_down(backend, type(e).__name__)
+            return await backend.pool.request(call.method, backend.prefix + call.target(),
+                                              self._headers(call, caller), body)
+        except UpstreamUnreachable as e:
+            self.mark_down(backend, str(e))
             raise _unavailable("the gateway for this request is unreachable") from None
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise _unavailable(f"the gateway for this request failed ({type(e).__name__})") from None
+        except UpstreamError as e:
+            raise _unavailable(f"the gateway for this request failed ({e})") from None
 
     @staticmethod
-    def _answer_headers(resp: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
-        return [(k, v) for k, v in resp.raw_headers if k.lower() not in _DROP]
+    def _answer_headers(conn: Conn) -> list[tuple[bytes, bytes]]:
+        return [(k, v) for k, v in conn.headers if k.lower() not in _DROP]
 
     @staticmethod
-    async def _read(resp: aiohttp.ClientResponse) -> bytes:
+    async def _read(conn: Conn) -> bytes:
         try:
-            return await resp.read()
-        except (aiohttp.ClientError, TimeoutError) as e:
-            resp.close()
-            raise _unavailable(f"the gateway's answer broke off ({type(e).__name__})") from None
-        finally:
-            resp.release()
+            return await conn.read()
+        except UpstreamError as e:
+            conn.close()
+            raise _unavailable(f"the gateway's answer broke off ({e})") from None
+        except BaseException:
+            conn.close()
+            raise
 
-    async def buffered(self, backend: Backend, request: Request, caller: Caller,
+    async def buffered(self, backend: Backend, call: _Call, caller: Caller,
                        body: bytes) -> _Upstream:
         """The backend's whole answer, raw bytes (no decoding)."""
-        resp = await self.send(backend, request, caller, body)
-        content = await self._read(resp)
-        return _Upstream(resp.status, self._answer_headers(resp), content)
+        conn = await self.send(backend, call, caller, body)
+        status, headers = conn.status, self._answer_headers(conn)
+        return _Upstream(status, headers, await self._read(conn))
 
-    async def relay(self, backend: Backend, request: Request, caller: Caller,
-                    body: bytes) -> Response:
+    async def relay(self, backend: Backend, call: _Call, caller: Caller, body: bytes) -> _Answer:
         """Forward to `backend` and answer with its bytes: SSE streamed through, others whole."""
         if not backend.healthy:
             raise _unavailable("the gateway holding this session is down; start a new session")
-        resp = await self.send(backend, request, caller, body)
-        headers = self._answer_headers(resp)
-        if not resp.headers.get("content-type", "").startswith("text/event-stream"):
-            content = await self._read(resp)
-            return _Upstream(resp.status, headers, content).response()
+        conn = await self.send(backend, call, caller, body)
+        status, headers = conn.status, self._answer_headers(conn)
+        for name, value in conn.headers:
+            if name.lower() == b"content-type" and value.startswith(b"text/event-stream"):
+                return _Stream(conn, status, headers, call.path, backend.url)
+        return _Whole(status, headers, await self._read(conn))
 
-        path = request.scope["path"]
-
-        async def chunks() -> AsyncIterator[bytes]:
-            ended = True  # at a frame boundary
-            complete = False
-            try:
-                async for chunk in resp.content.iter_any():
-                    if chunk:
-                        ended = chunk.endswith(b"\n\n")
-                    yield chunk
-                complete = True
-            except (aiohttp.ClientError, TimeoutError) as e:
-                log.warning("stream from %s broke off (%s)", backend.url, type(e).__name__)
-                yield (b"" if ended else b"\n\n") + stream_error_frame(
-                    path, _unavailable("the gateway holding this session stopped mid-stream"))
-            finally:
-                if complete:
-                    resp.release()  # the connection goes back to the pool
-                else:
-                    resp.close()  # mid-answer: the connection cannot be reused
-
-        async def close() -> None:  # async: a sync background task would hop to a thread
-            resp.close()
-
-        # EventStream: a client leaving cancels the relay with one plain task (Starlette's
-        # StreamingResponse runs an anyio task group per stream for that)
-        out = EventStream(chunks(), status_code=resp.status, background=BackgroundTask(close))
-        out.raw_headers = headers
-        return out
-
-    async def probe(self, scope: list[Backend], request: Request, caller: Caller, body: bytes,
-                    misses: frozenset[int]) -> Response:
+    async def probe(self, scope: list[Backend], call: _Call, caller: Caller, body: bytes,
+                    misses: frozenset[int]) -> Answer:
         """Try each healthy backend of `scope` until one answers other than `misses` (a session
         the router has no binding for: started elsewhere, or before a router restart)."""
         ranked = self.ranked(scope)
@@ -347,16 +442,16 @@ class Router:
             raise _unavailable("no gateway is available")
         for backend in ranked[:-1]:
             try:
-                answer = await self.buffered(backend, request, caller, body)
+                answer = await self.buffered(backend, call, caller, body)
             except EngineError:
                 continue
             if answer.status not in misses:
                 return answer.response()
-        return await self.relay(ranked[-1], request, caller, body)
+        return await self.relay(ranked[-1], call, caller, body)
 
     # ------------------------------------------------------------------ routes
 
-    async def start_session(self, request: Request, caller: Caller, body: bytes) -> Response:
+    async def start_session(self, call: _Call, caller: Caller, body: bytes) -> Answer:
         """Open a session on the least-loaded healthy backend and bind it there."""
         if caller.owner is not None:
             raise AuthenticationFailed("this route needs the admin key")
@@ -375,7 +470,7 @@ class Router:
         refused: _Upstream | None = None
         for backend in ranked:
             try:
-                answer = await self.buffered(backend, request, caller, body)
+                answer = await self.buffered(backend, call, caller, body)
             except EngineError:
                 continue
             if answer.status == 429:
@@ -388,18 +483,18 @@ class Router:
             self.sessions.bind(data["session_id"], backend)
             backend.started += 1
             if "base_url" in data:
-                data["base_url"] = f"{str(request.base_url).rstrip('/')}/s/{data['api_key']}/v1"
+                data["base_url"] = f"{str(call.request().base_url).rstrip('/')}/s/{data['api_key']}/v1"
             return JSONResponse(data)
         if refused is not None:
             return refused.response()
         raise _unavailable("no gateway is available to start a session")
 
-    async def fan_out(self, request: Request, caller: Caller,
-                      body: bytes) -> tuple[list[tuple[Backend, Any]], Response | None, int]:
+    async def fan_out(self, call: _Call, caller: Caller,
+                      body: bytes) -> tuple[list[tuple[Backend, Any]], Answer | None, int]:
         """Send to every healthy backend of the caller's scope: answers, the first failure, and
         how many backends were unreachable."""
         ranked = [b for b in caller.scope if b.healthy]
-        results = await asyncio.gather(*(self.buffered(b, request, caller, body) for b in ranked),
+        results = await asyncio.gather(*(self.buffered(b, call, caller, body) for b in ranked),
                                        return_exceptions=True)
         answers: list[tuple[Backend, Any]] = []
         unreachable = len(caller.scope) - len(ranked)
@@ -416,9 +511,9 @@ class Router:
             raise _unavailable("no gateway is available")
         return answers, None, unreachable
 
-    async def list_sessions(self, request: Request, caller: Caller, body: bytes) -> Response:
+    async def list_sessions(self, call: _Call, caller: Caller, body: bytes) -> Answer:
         """`/rl/sessions` of every backend, merged (and each session's owner remembered)."""
-        answers, failed, unreachable = await self.fan_out(request, caller, body)
+        answers, failed, unreachable = await self.fan_out(call, caller, body)
         if failed is not None:
             return failed
         merged = []
@@ -427,15 +522,15 @@ class Router:
                 if isinstance(s, dict) and isinstance(s.get("session_id"), str):
                     self.sessions.bind(s["session_id"], backend)
                 merged.append(s)
-        limit = request.query_params.get("limit", "1000")
+        limit = call.request().query_params.get("limit", "1000")
         result: dict[str, Any] = {"sessions": merged[: int(limit)] if limit.isdigit() else merged}
         if unreachable:
             result["unreachable_backends"] = unreachable
         return JSONResponse(result)
 
-    async def set_version(self, request: Request, caller: Caller, body: bytes) -> Response:
+    async def set_version(self, call: _Call, caller: Caller, body: bytes) -> Answer:
         """Announce a weight version to every backend; the lowest version they report back."""
-        answers, failed, unreachable = await self.fan_out(request, caller, body)
+        answers, failed, unreachable = await self.fan_out(call, caller, body)
         if failed is not None:
             return failed
         result = {"version": min(d["version"] for _, d in answers),
@@ -445,16 +540,16 @@ class Router:
             result["unreachable_backends"] = unreachable
         return JSONResponse(result)
 
-    async def grant_capacity(self, request: Request, caller: Caller, body: bytes) -> Response:
+    async def grant_capacity(self, call: _Call, caller: Caller, body: bytes) -> Answer:
         """Capacity summed over the backends."""
-        answers, failed, _ = await self.fan_out(request, caller, body)
+        answers, failed, _ = await self.fan_out(call, caller, body)
         if failed is not None:
             return failed
         return JSONResponse({"capacity": sum(d.get("capacity", 0) for _, d in answers)})
 
-    async def status(self, request: Request, caller: Caller, body: bytes) -> Response:
+    async def status(self, call: _Call, caller: Caller, body: bytes) -> Answer:
         """`/rl/v1/status` over the caller's backends: counts summed, the oldest policy version."""
-        answers, failed, unreachable = await self.fan_out(request, caller, body)
+        answers, failed, unreachable = await self.fan_out(call, caller, body)
         if failed is not None:
             return failed
         datas = [d for _, d in answers]
@@ -479,7 +574,7 @@ class Router:
         # service reports alike) pass through from the first backend that answered.
         return JSONResponse({**{k: v for k, v in first.items() if k not in result}, **result})
 
-    def health(self) -> Response:
+    def health(self) -> JSONResponse:
         """The router's own liveness; backend addresses only without tenants."""
         healthy = sum(b.healthy for b in self.backends)
         body: dict[str, Any] = {"status": "ok" if healthy else "unavailable",
@@ -494,42 +589,54 @@ class Router:
         owner = self.sessions.get(session_id)
         return owner if owner is not None and owner in caller.scope else None
 
-    async def read_body(self, request: Request) -> bytes:
+    async def read_body(self, call: _Call, receive: Receive) -> bytes:
         """The request body, refused (413) past `max_body_bytes` without reading it all."""
         limit = self.config.max_body_bytes
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
+        declared = call.length
+        if declared is not None and declared.isdigit() and int(declared) > limit:
             raise PayloadTooLarge(f"request body over {limit} bytes")
-        parts, size = [], 0
-        async for chunk in request.stream():
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientLeft
+        body: bytes = message.get("body", b"")
+        if not message.get("more_body", False):  # the usual case: one message
+            if len(body) > limit:
+                raise PayloadTooLarge(f"request body over {limit} bytes")
+            return body
+        parts, size = [body], len(body)
+        while message.get("more_body", False):  # ends with the body, or a disconnect
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientLeft  # a cut body must not reach a gateway as a whole one
+            chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
                 raise PayloadTooLarge(f"request body over {limit} bytes")
             parts.append(chunk)
         return b"".join(parts)
 
-    async def dispatch(self, request: Request) -> Response:
+    async def dispatch(self, call: _Call, receive: Receive) -> Answer:
         """Route one request (see the module docstring)."""
-        path = request.scope["path"]
-        if path == "/health" and request.method == "GET":
+        path = call.path
+        if path == "/health" and call.method == "GET":
             return self.health()
         path_key = None
         if path.startswith("/s/"):
             path_key = path.split("/", 3)[2]
-        caller = self.caller(request, path_key)
-        body = await self.read_body(request)
+        caller = self.caller(call, path_key)
+        body = await self.read_body(call, receive)
         if path in _START:
-            return await self.start_session(request, caller, body)
+            return await self.start_session(call, caller, body)
         if caller.owner is not None and not path.startswith("/sessions/"):
-            return await self.relay(caller.owner, request, caller, body)
+            return await self.relay(caller.owner, call, caller, body)
         if path == "/rl/v1/status":
-            return await self.status(request, caller, body)
+            return await self.status(call, caller, body)
         if path == "/rl/sessions":
-            return await self.list_sessions(request, caller, body)
+            return await self.list_sessions(call, caller, body)
         if path == "/rl/v1/set_version":
-            return await self.set_version(request, caller, body)
+            return await self.set_version(call, caller, body)
         if path in _FAN_SUM:
-            return await self.grant_capacity(request, caller, body)
+            return await self.grant_capacity(call, caller, body)
         session_id = None
         if path.startswith("/sessions/"):
             session_id = path.split("/", 3)[2]
@@ -543,40 +650,39 @@ class Router:
         if session_id is not None:
             owner = self._owner(caller, session_id)
             if owner is not None:
-                return await self.relay(owner, request, caller, body)
+                return await self.relay(owner, call, caller, body)
             if caller.owner is not None:  # a session key naming another session
                 raise NotFound(f"unknown session {session_id!r}")
-            return await self.probe(caller.scope, request, caller, body, frozenset({404}))
+            return await self.probe(caller.scope, call, caller, body, frozenset({404}))
         if caller.keyed and caller.tenant is None:
             # a key the router has not bound: a session started elsewhere, or the admin key
-            return await self.probe(caller.scope, request, caller, body, frozenset({401}))
+            return await self.probe(caller.scope, call, caller, body, frozenset({401}))
         ranked = self.ranked(caller.scope)
         if not ranked:
             raise _unavailable("no gateway is available")
-        return await self.relay(ranked[0], request, caller, body)
+        return await self.relay(ranked[0], call, caller, body)
 
-    async def endpoint(self, request: Request) -> Response:
-        """The single ASGI endpoint: dispatch, with errors in the route's own format."""
+    async def endpoint(self, call: _Call, receive: Receive) -> Answer:
+        """Dispatch, with errors in the route's own format."""
         try:
-            return await self.dispatch(request)
+            return await self.dispatch(call, receive)
         except RelayError as e:
-            return error_response(request.scope["path"], e)
+            return error_response(call.path, e)
 
     # ------------------------------------------------------------------ health checks
 
     async def check(self, backend: Backend) -> None:
         """One health check of `backend`."""
-        assert self.session is not None
         try:
-            async with self.session.get(
-                    backend.url + "/health",
-                    timeout=aiohttp.ClientTimeout(total=self.config.health_timeout_s)) as r:
-                ok = r.status == 200
-                data = json.loads(await r.read()) if ok else {}
-            ok = ok and isinstance(data, dict)
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            ok, data = False, {}
+            async with asyncio.timeout(self.config.health_timeout_s):
+                status, _, raw = await backend.pool.fetch("GET", backend.prefix + b"/health",
+                                                          [], b"")
+            data = json.loads(raw) if status == 200 else None
+            ok = isinstance(data, dict)
+        except (UpstreamError, TimeoutError, ValueError):
+            ok, data = False, None
         if ok:
+            assert isinstance(data, dict)
             if not backend.healthy:
                 log.warning("backend %s is up", backend.url)
             backend.healthy, backend.failures = True, 0
@@ -590,10 +696,16 @@ class Router:
         """Check every backend once, concurrently."""
         await asyncio.gather(*(self.check(b) for b in self.backends))
 
+    def close(self) -> None:
+        """Close the idle connections to the backends (those in use close when done)."""
+        for b in self.backends:
+            b.pool.close()
+
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        """Open the connection pool and run health checks for the app's lifetime."""
-        self.session = open_session(self.config)
+        """Run health checks for the app's lifetime; close the connection pools after."""
+        for b in self.backends:
+            b.pool.closed = False
         await self.check_all()
 
         async def loop() -> None:
@@ -606,7 +718,7 @@ class Router:
             yield
         finally:
             task.cancel()
-            await self.session.close()
+            self.close()
 
     def app(self) -> Starlette:
         """The ASGI app: every method on every path goes to `endpoint`."""
@@ -617,25 +729,27 @@ class Router:
 
 class _RouterApp(Starlette):
     """Starlette for the lifespan and `app.state`; HTTP requests go straight to the router's one
-    endpoint, skipping the middleware stack and route matching a single catch-all route does
-    not need (profiled: about a fifth of the router's own per-call Python time)."""
+    endpoint as raw ASGI, skipping the middleware stack, route matching and request object a
+    single catch-all route does not need."""
 
     def __init__(self, router: Router, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._relay = router
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
         scope["app"] = self
-        request = Request(scope, receive, send)
+        call = _Call(scope)
         try:
-            response = await self._relay.endpoint(request)
+            answer = await self._relay.endpoint(call, receive)
+        except _ClientLeft:
+            return
         except Exception:  # what Starlette's error middleware would do, in the route's format
-            log.exception("router error on %s %s", scope["method"], scope["path"])
-            response = error_response(scope["path"], RelayError("internal router error"))
-        await response(scope, receive, send)
+            log.exception("router error on %s %s", call.method, call.path)
+            answer = error_response(call.path, RelayError("internal router error"))
+        await answer(scope, receive, send)
 
 
 def create_app(config: RouterConfig) -> Starlette:

@@ -109,6 +109,9 @@ def _tenant(raw: Any, index: int) -> Tenant:
         backend_key = os.environ.get(str(env))
         if not backend_key:
             raise ConfigError(f"tenant {name!r}: environment variable {env} is not set")
+        if not backend_key.isprintable() or not backend_key.isascii():
+            # it goes into a header line as is: a line break would forge headers
+            raise ConfigError(f"tenant {name!r}: {env} must be printable ASCII")
     return Tenant(name, digest, tuple(b.rstrip("/") for b in backends), backend_key)
 
 

@@ -1,4 +1,5 @@
-"""Serve a router with uvicorn: in the foreground (`serve`) or in a thread (`RouterThread`).
+"""Serve a router: in the foreground (`serve`) or in a thread (`RouterThread`), on the router's
+own HTTP/1.1 server (`relayrl.router.http`), or on uvicorn with `RELAYRL_ROUTER_HTTP=uvicorn`.
 
 May import: relayrl.router, relayrl.errors, relayrl.asgi, uvicorn. Nothing of the gateway's.
 """
@@ -7,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
 import threading
 import time
+from typing import Any
 
 from relayrl.asgi import run as run_server
 from relayrl.asgi import uvicorn_options
 from relayrl.router.app import Router
 from relayrl.router.config import RouterConfig
+from relayrl.router.http import RouterHttpServer
 
 
 def _loopback(host: str) -> bool:
@@ -25,12 +29,15 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def _server(router: Router, host: str, port: int):  # -> uvicorn.Server
-    import uvicorn
+def _server(router: Router, host: str, port: int) -> Any:  # RouterHttpServer or uvicorn.Server
+    app = router.app()
+    if os.environ.get("RELAYRL_ROUTER_HTTP", "").lower() == "uvicorn":
+        import uvicorn
 
-    return uvicorn.Server(uvicorn.Config(router.app(), host=host, port=port, log_level="warning",
-                                         access_log=False, lifespan="on",
-                                         **uvicorn_options()))
+        return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                             access_log=False, lifespan="on",
+                                             **uvicorn_options()))
+    return RouterHttpServer(app, host, port, lifespan=lambda: router.lifespan(app))
 
 
 def serve(config: RouterConfig) -> None:
@@ -60,7 +67,7 @@ def serve(config: RouterConfig) -> None:
 
 
 class RouterThread:
-    """A router served by uvicorn on a loopback port in a background thread (tests, benchmarks,
+    """A router served on a loopback port in a background thread (tests, benchmarks,
     the replicas launcher). `with RouterThread(config) as r: r.url`."""
 
     def __init__(self, config: RouterConfig, host: str = "127.0.0.1", port: int = 0) -> None:
