@@ -53,8 +53,8 @@ class App:
 
 
 @asynccontextmanager
-async def serving(app: App) -> AsyncIterator[RouterHttpServer]:
-    server = RouterHttpServer(app, "127.0.0.1", 0, keep_alive_s=5, graceful_s=1)
+async def serving(app: App, **timeouts: float) -> AsyncIterator[RouterHttpServer]:
+    server = RouterHttpServer(app, "127.0.0.1", 0, keep_alive_s=5, graceful_s=1, **timeouts)
     server.install_signal_handlers = lambda: None
     task = asyncio.create_task(server.serve())
     for _ in range(200):  # bounded wait for the socket
@@ -180,3 +180,44 @@ async def test_a_local_tls_proxy_sets_the_scheme() -> None:
         assert [(await _answer(reader))[2] for _ in range(3)] == [
             b"GET /scheme ? https", b"GET /scheme ? http", b"GET /scheme ? http"]
         writer.close()
+
+
+async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """True when the server closes the connection (EOF) within `seconds`."""
+    try:
+        return await asyncio.wait_for(reader.read(), seconds) == b""
+    except TimeoutError:
+        return False
+    except ConnectionError:  # we wrote after the close: the peer answered with a reset
+        return True
+
+
+async def test_a_head_sent_a_byte_at_a_time_is_cut_off_at_the_header_timeout() -> None:
+    async with serving(App(), header_timeout_s=0.5, body_timeout_s=5) as server:
+        reader, writer = await _connect(server)
+        head = b"GET /slow HTTP/1.1\r\nhost: r\r\n"
+        started = asyncio.get_running_loop().time()
+        for byte in head[:8]:  # bounded: 8 bytes, 50 ms apart, none of them resetting the clock
+            writer.write(bytes([byte]))
+            await asyncio.sleep(0.05)
+        assert await _closed_within(reader, 2.0)
+        assert asyncio.get_running_loop().time() - started < 1.5
+        writer.close()
+
+
+async def test_a_body_that_stalls_is_cut_off_and_a_slow_one_is_answered() -> None:
+    async with serving(App(), header_timeout_s=5, body_timeout_s=0.5) as server:
+        reader, writer = await _connect(server)
+        writer.write(b"POST /stall HTTP/1.1\r\nhost: r\r\ncontent-length: 10\r\n\r\nabc")
+        assert await _closed_within(reader, 2.0)
+        writer.close()
+        # every piece restarts the body deadline: 10 pieces 0.2 s apart take 2 s, and pass
+        reader, writer = await _connect(server)
+        writer.write(b"POST /slow HTTP/1.1\r\nhost: r\r\ncontent-length: 10\r\n\r\n")
+        for byte in b"0123456789":
+            await asyncio.sleep(0.2)
+            writer.write(bytes([byte]))
+        status, _, body = await _answer(reader)
+        assert status == b"HTTP/1.1 201 Created" and body.endswith(b"0123456789")
+        writer.close()
+

@@ -226,6 +226,9 @@ class HttpConn(asyncio.Protocol):
         self.write_paused = False
         self.drained: asyncio.Future[None] | None = None
         self.idle: asyncio.TimerHandle | None = None
+        """The one timer: keep-alive between requests, else the header or body deadline."""
+        self.phase = "idle"
+        """idle (between requests), head, body, done (the request is whole)."""
         self.task: asyncio.Task[None] | None = None
         """The app call in progress (held: the loop keeps only weak references to tasks)."""
         self.closed = False
@@ -282,13 +285,14 @@ class HttpConn(asyncio.Protocol):
     # ---------------------------------------------------------------- parser callbacks
 
     def on_message_begin(self) -> None:
-        """httptools: a new request."""
+        """httptools: a new request: its line and headers must arrive within the header timeout
+        (from its first byte, never extended), so a client cannot hold a connection open by
+        sending a head a byte at a time."""
         self.url = b""
         self.headers = []
         self.forwarded_proto = None
-        if self.idle is not None:
-            self.idle.cancel()
-            self.idle = None
+        self.phase = "head"
+        self._arm(self.server.header_timeout_s, self._expire)
 
     def on_url(self, url: bytes) -> None:
         """httptools: (part of) the request target."""
@@ -328,6 +332,8 @@ class HttpConn(asyncio.Protocol):
             "headers": self.headers, "state": self.server.state.copy(),
         }
         cycle = _Cycle(self, scope, self.parser.should_keep_alive())
+        self.phase = "body"
+        self._arm(self.server.body_timeout_s, self._expire)
         self.parsing = cycle
         if self.cycle is None:
             self._start(cycle)
@@ -339,6 +345,7 @@ class HttpConn(asyncio.Protocol):
         cycle = self.parsing
         if cycle is None:
             return
+        self._arm(self.server.body_timeout_s, self._expire)  # an idle limit: each piece restarts it
         cycle.body.append(body)
         self.buffered += len(body)
         if self.buffered > _BODY_PAUSE and not self.read_paused and self.transport is not None:
@@ -348,6 +355,8 @@ class HttpConn(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         """httptools: the request is whole."""
+        self.phase = "done"
+        self._disarm()
         cycle = self.parsing
         if cycle is not None:
             cycle.body_done = True
@@ -373,7 +382,8 @@ class HttpConn(asyncio.Protocol):
             return
         if self.queued:
             self._start(self.queued.popleft())
-        else:
+        elif self.phase == "done":  # not while a pipelined request's head or body arrives
+            self.phase = "idle"
             self._arm_idle()
 
     def body_read(self) -> None:
@@ -400,7 +410,32 @@ class HttpConn(asyncio.Protocol):
             waiter.set_result(None)
 
     def _arm_idle(self) -> None:
-        self.idle = self.loop.call_later(self.server.keep_alive_s, self._close)
+        self._arm(self.server.keep_alive_s, self._close)
+
+    def _arm(self, seconds: float, callback: Callable[[], None]) -> None:
+        if self.idle is not None:
+            self.idle.cancel()
+        self.idle = self.loop.call_later(seconds, callback)
+
+    def _disarm(self) -> None:
+        if self.idle is not None:
+            self.idle.cancel()
+            self.idle = None
+
+    def _expire(self) -> None:
+        """A header or body deadline passed: close, unless the wait is ours."""
+        self.idle = None
+        if self.closed or self.phase not in ("head", "body"):
+            return
+        if self.phase == "body" and self.read_paused:
+            self._arm(self.server.body_timeout_s, self._expire)  # we stopped reading, not they
+            return
+        if self.phase == "head" and self.cycle is not None:
+            self._arm(self.server.header_timeout_s, self._expire)  # pipelined behind an answer
+            return
+        log.info("router: closing a connection whose request %s did not arrive in time",
+                 "head" if self.phase == "head" else "body")
+        self._close()
 
     def _reject(self) -> None:
         if self.cycle is None or not self.cycle.started:
@@ -425,11 +460,16 @@ class RouterHttpServer:
 
     def __init__(self, app: App, host: str, port: int,
                  lifespan: Callable[[], AbstractAsyncContextManager[None]] | None = None,
-                 keep_alive_s: float = 5.0, graceful_s: float = 5.0) -> None:
+                 keep_alive_s: float = 5.0, graceful_s: float = 5.0,
+                 header_timeout_s: float = 10.0, body_timeout_s: float = 30.0) -> None:
         self.app = app
         self.host, self.port = host, port
         self.lifespan = lifespan
         self.keep_alive_s = keep_alive_s
+        self.header_timeout_s = header_timeout_s
+        """A request's line and headers must arrive within this (the gateway's default)."""
+        self.body_timeout_s = body_timeout_s
+        """Longest silence while a request body is arriving."""
         self.graceful_s = graceful_s
         self.state: dict[str, Any] = {}
         self.connections: set[HttpConn] = set()
