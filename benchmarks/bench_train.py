@@ -11,8 +11,9 @@ Measured, with torch on 2 threads, on the default model:
      x forward tokens + 6 x lm-head params x trained tokens (the actor runs the head on trained
      positions only), divided by the time, against the peak of a large matmul in that dtype.
      The bf16 row runs the default path (a bf16 copy of the weights, lengths in buckets);
-     `bf16 autocast` runs the former one (`bf16_mode="autocast"`, `length_bucket=1`), in the
-     same rounds, so the two are compared interleaved.
+     `bf16 autocast` runs the former one (`bf16_mode="autocast"`, `length_bucket=1`, unfused
+     AdamW), in the same rounds, so the two are compared interleaved; `--compile` adds the
+     default path with `train.compile=true` (its warm-up round compiles).
   1b. Where an update goes, per path: forward alone (no grad), forward + backward, and grad
      clip + AdamW step (+ refreshing the bf16 copy), each the best of the same rounds.
   2. The same 5-turn episodes exported both ways: `concat` (one row per episode, the model's
@@ -352,8 +353,9 @@ def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
         f"{meta['bucket']}, grad clip, AdamW on fp32 master weights, fp32 lm head): forward, "
         f"backward and optimizer step, best of {meta['repeats']} interleaved rounds after a "
         f"warm-up. `bf16=\"auto\"` resolves to {meta['auto']} on this CPU. `bf16` is the "
-        "default path (forward and backward on a bf16 copy of the weights); `bf16 autocast` "
-        "the former one (`bf16_mode=autocast`, `length_bucket=1`), measured in the same rounds.",
+        "default path (forward and backward on a bf16 copy of the weights, fused AdamW); `bf16 "
+        "autocast` the former one (`bf16_mode=autocast`, `length_bucket=1`, unfused AdamW), "
+        "measured in the same rounds.",
         "",
         "### Update throughput",
         "",
@@ -404,6 +406,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2, help="best of N rounds per measurement")
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 row")
+    ap.add_argument("--compile", action="store_true",
+                    help="add a `bf16 compiled` row (train.compile=true; compiled in the warm-up)")
     ap.add_argument("--no-packing", action="store_true", help="skip the concat/individual run")
     ap.add_argument("--no-write", action="store_true", help="print the section only")
     args = ap.parse_args()
@@ -414,9 +418,14 @@ def main() -> None:
     before = TrainConfig(bf16_mode="autocast", length_bucket=1)
     path = model_path(args.model)
     configs = {"bf16 autocast": before, "bf16": cfg}
+    if args.compile:
+        configs["bf16 compiled"] = TrainConfig(compile=True)
     if not args.no_fp32:
         configs["fp32"] = TrainConfig(bf16=False)
     actors = {name: Actor(path, c) for name, c in configs.items()}
+    # The former path stepped with the default (unfused, per-tensor) AdamW.
+    old = actors["bf16 autocast"]
+    old.optimizer = torch.optim.AdamW(old.model.parameters(), lr=before.lr, fused=False)
     if not actors["bf16"].bf16:
         print("warning: bf16='auto' resolved to fp32 on this CPU; the bf16 rows are fp32 too")
     vocab = actors["bf16"].model.config.vocab_size
@@ -432,7 +441,8 @@ def main() -> None:
         best = interleaved({name: update_fn(a, batch, configs[name]) for name, a in actors.items()},
                            args.repeats, bar)
         part1 = [result(name, batch, *best[name], *params) for name in actors]
-        actors.pop("fp32", None)  # free its weights and AdamW moments before the rest
+        for name in ("fp32", "bf16 compiled"):  # free their weights before the rest
+            actors.pop(name, None)
         parts: dict[str, dict[str, float]] = {name: {} for name in actors}
         timers = {name: breakdown_fns(a, batch, configs[name]) for name, a in actors.items()}
         for r in range(rounds):  # bounded: repeats + 1 rounds, the first a warm-up

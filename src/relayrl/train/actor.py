@@ -111,6 +111,11 @@ class Actor:
         """Forward and backward run on a bf16 copy of the weights (else on `model`)."""
         self.compute_model = bf16_copy(self.model) if self.bf16_copy else self.model
         """What forward and backward run on: the bf16 copy, or `model` itself."""
+        if config.compile:
+            # Layer by layer: the 30 layers share one compiled graph (their weights are its
+            # inputs), so it compiles once; dynamic shapes, so new lengths do not recompile.
+            for layer in self.compute_model.get_decoder().layers:
+                layer.compile(dynamic=True)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=config.lr,

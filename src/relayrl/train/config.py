@@ -31,6 +31,7 @@ class TrainConfig:
     packing: Literal["pad", "pack"] = "pad"   # "pad": rows of similar length; "pack": rows concatenated (flash-attention GPUs)
     bf16: bool | Literal["auto"] = "auto"     # bf16 compute; auto = on where the CPU has AMX/AVX512-BF16 or the GPU has bf16
     bf16_mode: Literal["copy", "autocast"] = "copy"  # copy: fwd/bwd on a bf16 copy of the fp32 weights, refreshed after each step; autocast: cast the fp32 weights on every use (slower)
+    compile: bool = False                     # torch.compile the decoder layers (dynamic shapes); the first step compiles (~1 min on 2 cores)
     length_bucket: int = 64                   # pad: micro-batch lengths round up to a multiple of this (stable shapes); 1 = no rounding
     attn_implementation: str = "sdpa"         # transformers attention kernel ("flash_attention_2" suits packing on GPUs)
     total_steps: int = 100                    # optimizer steps in the run
