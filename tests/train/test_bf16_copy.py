@@ -118,3 +118,12 @@ def test_reference_logprobs_in_bf16_start_equal_to_the_policys(tiny_llama_dir: s
     actor = Actor(tiny_llama_dir, TrainConfig(bf16=True, kl_coef=0.1))
     batch, _, _ = batch_for(tiny_llama_dir)
     assert torch.equal(actor.reference_logprobs(batch), actor.compute_logprobs(batch))
+
+
+@pytest.mark.slow
+def test_compiled_layers_give_the_eager_step(tiny_llama_dir: str) -> None:
+    # fp32, so compiled and eager must agree to float rounding (fusion reorders sums).
+    (eager, g_eager), (compiled, g_compiled) = (step(tiny_llama_dir, bf16=False),
+                                                step(tiny_llama_dir, bf16=False, compile=True))
+    assert compiled["loss"] == pytest.approx(eager["loss"], rel=1e-4)
+    assert rel(g_compiled, g_eager) < 1e-3
