@@ -1,6 +1,6 @@
 """Training throughput of `Actor.update`, and what segment packing (`concat` rows) saves.
 
-Run by hand:  RELAYRL_HOME=/tmp/rr python benchmarks/bench_train.py [--no-write]
+Run by hand:  RELAYRL_HOME=/tmp/rr python benchmarks/bench_train.py [--no-write] [--no-packing]
 
 Measured, with torch on 2 threads, on the default model:
   1. `Actor.update` (forward, backward, grad clip, AdamW step) on a batch shaped like the math
@@ -10,6 +10,12 @@ Measured, with torch on 2 threads, on the default model:
      (what `bf16="auto"` resolves to here) and in fp32. Model FLOPs = 6 x non-embedding params
      x forward tokens + 6 x lm-head params x trained tokens (the actor runs the head on trained
      positions only), divided by the time, against the peak of a large matmul in that dtype.
+     The bf16 row runs the default path (a bf16 copy of the weights, lengths in buckets);
+     `bf16 autocast` runs the former one (`bf16_mode="autocast"`, `length_bucket=1`, unfused
+     AdamW), in the same rounds, so the two are compared interleaved; `--compile` adds the
+     default path with `train.compile=true` (its warm-up round compiles).
+  1b. Where an update goes, per path: forward alone (no grad), forward + backward, and grad
+     clip + AdamW step (+ refreshing the bf16 copy), each the best of the same rounds.
   2. The same 5-turn episodes exported both ways: `concat` (one row per episode, the model's
      own samples trained in place) and `individual` (one row per call, each repeating the whole
      prefix). Sessions are built as the gateway builds them (`Session.locate`, extended prompt,
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import random
 import string
@@ -60,14 +67,23 @@ REPLIES = (35, 36, 36, 36, 12)
 """Part 2: sampled tokens per call of a 5-turn episode (4 tool calls, then the answer)."""
 BOS, EOT, GEN = 1, 2, 3
 ROLE = {"system": 4, "user": 5, "assistant": 6, "tool": 7}
-NOTES = """Notes (measured by hand on 2026-11-22, same machine, load ~0.8, two runs each):
-- Where a bf16 update of the 16-row batch goes (2 micro-batches of 8 rows): the forward pass
-  alone (no grad) 2.5 s, forward + backward 11.5-13 s, grad clip + AdamW step 0.3-2.5 s. The
-  forward alone reaches about 20% of the bf16 matmul peak; forward + backward take 4.5-5x the
-  forward alone instead of ~3x, so the backward under autocast is what pulls the update to 16%.
-- Concat saves less time (3.5x) than forward tokens (4.3x), likely because the per-call rows
-  are shorter on average (attention costs less per token) and the clip and optimizer step cost
-  the same in both layouts (not measured apart)."""
+NOTES = """Notes (measured by hand on 2026-11-24, same machine, shared: load 1.5-6, so only ratios
+within one run are compared):
+- Where one bf16 micro-batch's forward + backward goes (8 rows x 465 tokens, torch.profiler, self
+  CPU time): autocast 6.4 s = matmuls 1.9, flash-attention backward 1.15 and forward 0.39,
+  elementwise mul 0.83, dtype casts (copy_) 0.82, adds 0.37, the rest 0.9; the bf16 copy 5.0 s =
+  matmuls 1.75, attention 1.15 + 0.32, mul 0.60, casts 0.24, adds 0.29. The body's matmuls run at
+  about 55% of the bf16 matmul peak; what keeps the update far below it is attention (the CPU
+  flash kernel's backward runs at ~130 GFLOP/s) and memory-bound elementwise ops on 2 cores.
+  Explicit bf16 matmul attention and the math SDPA backend were 2.8x and 3.6x slower than flash.
+- The optimizer: over SmolLM2's 135M fp32 parameters, AdamW default (per-tensor loop) 4.5 s,
+  foreach 4.2 s, fused 1.0 s; clip_grad_norm_ 0.36 s; refreshing the bf16 copy 0.30 s (one run,
+  best of 3, interleaved; load 2.6-5.8).
+- Precision (SmolLM2, 2 rows, 140 trained tokens, mean / max |logprob - fp32 logprob|): autocast
+  0.021 / 0.136 nats, bf16 copy 0.038 / 0.147, bf16 copy compiled 0.032 / 0.124. Gradients of
+  one on-policy update (4 rows), relative L2 distance from fp32's: autocast 3.0%, copy 4.5%.
+- `train.compile` (decoder layers compiled, dynamic shapes): ~55 s to compile on 2 cores at
+  load ~6; one micro-batch's forward + backward then 17.4 s vs 32.4 s eager in the same run."""
 
 
 # -- part 1: a batch like the math agent's -------------------------------------------------------
@@ -192,6 +208,32 @@ def update_fn(actor: Actor, batch: TrainBatch, cfg: TrainConfig) -> Callable[[],
     return lambda: actor.update(adv.batch, adv.adv_B_T)
 
 
+def breakdown_fns(actor: Actor, batch: TrainBatch, cfg: TrainConfig) -> dict[str, Callable[[], float]]:
+    """Timers of the parts of one update: forward alone, forward + backward, optimizer step."""
+    adv = compute_advantages(batch, cfg)
+    b = adv.batch
+
+    def timed(fn: Callable[[], object]) -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    def fwd_bwd() -> None:
+        actor.optimizer.zero_grad(set_to_none=True)
+        for mb in actor.micro_batches(b):
+            actor.backward(actor.token_logprobs(actor.model, mb).sum() * 1e-3)
+
+    def opt() -> None:
+        params = [p for p in actor.model.parameters() if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        actor.apply_gradients(1e-12)  # a real step, too small to move the weights measurably
+
+    # opt needs the gradients fwd_bwd leaves, so the order of the dict is the order to run
+    return {"forward": lambda: timed(lambda: actor.compute_logprobs(b)),
+            "forward + backward": lambda: timed(fwd_bwd),
+            "clip + AdamW step": lambda: timed(opt)}
+
+
 def interleaved(fns: dict[str, Callable[[], dict[str, float]]], repeats: int,
                 bar: tqdm) -> dict[str, tuple[float, dict[str, float]]]:
     """Best update time of each function over `repeats` rounds, after a warm-up round."""
@@ -253,16 +295,34 @@ def machine() -> str:
 # -- report ---------------------------------------------------------------------------------------
 
 
+def peak_of(name: str, peaks: dict[str, float]) -> float:
+    """The matmul peak of a row's dtype (its name starts with it)."""
+    return peaks[name.split()[0]]
+
+
 def throughput_table(rows: list[Result], peaks: dict[str, float]) -> list[str]:
     """Part 1's table."""
-    lines = ["| precision | rows | tokens | trained | update s | tokens/s | model GFLOP/s | "
-             "matmul peak GFLOP/s | share of peak |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| precision | rows | tokens | forward tokens | trained | update s | tokens/s | "
+             "model GFLOP/s | matmul peak GFLOP/s | share of peak |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         gflops = r.flops / r.seconds / 1e9
-        lines.append(f"| {r.name} | {r.rows} | {r.real_tokens} | {r.trained_tokens} | "
-                     f"{r.seconds:.2f} | {r.tok_s:.0f} | {gflops:.0f} | {peaks[r.name]:.0f} | "
-                     f"{gflops / peaks[r.name]:.0%} |")
+        peak = peak_of(r.name, peaks)
+        lines.append(f"| {r.name} | {r.rows} | {r.real_tokens} | {r.forward_tokens} | "
+                     f"{r.trained_tokens} | {r.seconds:.2f} | {r.tok_s:.0f} | {gflops:.0f} | "
+                     f"{peak:.0f} | {gflops / peak:.0%} |")
+    return lines
+
+
+def breakdown_table(parts: dict[str, dict[str, float]]) -> list[str]:
+    """Part 1b's table: seconds per part of an update, per path."""
+    lines = ["| path | forward s | forward + backward s | (forward + backward) / forward | "
+             "clip + AdamW step s |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for name, t in parts.items():
+        fwd, both = t["forward"], t["forward + backward"]
+        lines.append(f"| {name} | {fwd:.2f} | {both:.2f} | {both / fwd:.1f} | "
+                     f"{t['clip + AdamW step']:.2f} |")
     return lines
 
 
@@ -286,7 +346,8 @@ def packing_table(concat: Result, indiv: Result) -> list[str]:
 
 
 def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
-           params: tuple[int, int], concat: Result, indiv: Result) -> str:
+           params: tuple[int, int], parts: dict[str, dict[str, float]],
+           packing: tuple[Result, Result] | None) -> str:
     """The RESULTS.md section."""
     body, head = params
     lines = [
@@ -297,17 +358,21 @@ def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
         f"Date: {meta['date']}; load average (1 min) before/after: {meta['load']}",
         "",
         f"What is measured: `Actor.update` on the default model ({meta['model']}), default "
-        f"`TrainConfig` (micro_batch_tokens {meta['mbt']}, packing `pad`, grad clip, AdamW, "
-        "fp32 master weights and fp32 lm head): forward, backward and optimizer step, best of "
-        f"{meta['repeats']} interleaved rounds after a warm-up. `bf16=\"auto\"` resolves to "
-        f"{meta['auto']} on this CPU.",
+        f"`TrainConfig` (micro_batch_tokens {meta['mbt']}, packing `pad`, length buckets of "
+        f"{meta['bucket']}, grad clip, AdamW on fp32 master weights, fp32 lm head): forward, "
+        f"backward and optimizer step, best of {meta['repeats']} interleaved rounds after a "
+        f"warm-up. `bf16=\"auto\"` resolves to {meta['auto']} on this CPU. `bf16` is the "
+        "default path (forward and backward on a bf16 copy of the weights, fused AdamW); `bf16 "
+        "autocast` the former one (`bf16_mode=autocast`, `length_bucket=1`, unfused AdamW), "
+        "measured in the same rounds.",
         "",
         "### Update throughput",
         "",
         f"{part1[0].rows} rows of 394-472 random token ids (the range of the main job's math "
         "agent episodes), loss on the last 70 tokens in 3 turns (30 + 30 + 10, 26 context "
         "tokens between), behaviour logprobs -1, rewards 0/1 in groups of 4 (group advantages "
-        "+-0.87). Model FLOPs = 6 x "
+        "+-0.87). tokens/s counts the rows' real tokens; forward tokens include padding. "
+        "Model FLOPs = 6 x "
         f"{body / 1e6:.1f}M non-embedding params x forward tokens + 6 x {head / 1e6:.1f}M "
         "lm-head params (tied with the embedding) x trained tokens (the actor runs the head on "
         "trained positions only); attention scores are not counted. Peak: best of 10 "
@@ -315,54 +380,95 @@ def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
         "",
         *throughput_table(part1, peaks),
         "",
-        "### Segment packing: concat vs individual rows",
+        "### Where an update goes",
         "",
-        f"{meta['episodes']} agent episodes of 5 calls (a {PROMPT}-token first prompt, replies of "
-        f"{' + '.join(map(str, REPLIES))} tokens, {GLUE} tokens of tool result and template "
-        "between calls), recorded as the gateway records them (`Session.locate`, extended "
-        "prompts, `record`) and exported with `export_session` in both styles; bf16 "
-        "`Actor.update` on each.",
+        "The same batch, per bf16 path, best of the same rounds: forward alone (no grad, "
+        "`compute_logprobs`), forward + backward of every micro-batch, and grad clip + AdamW "
+        "step (for the copy, refreshing it from the fp32 masters too).",
         "",
-        *packing_table(concat, indiv),
-        "",
-        NOTES,
+        *breakdown_table(parts),
     ]
+    if packing is not None:
+        concat, indiv = packing
+        lines += [
+            "",
+            "### Segment packing: concat vs individual rows",
+            "",
+            f"{meta['episodes']} agent episodes of 5 calls (a {PROMPT}-token first prompt, "
+            f"replies of {' + '.join(map(str, REPLIES))} tokens, {GLUE} tokens of tool result "
+            "and template between calls), recorded as the gateway records them "
+            "(`Session.locate`, extended prompts, `record`) and exported with `export_session` "
+            "in both styles; bf16 `Actor.update` on each.",
+            "",
+            *packing_table(concat, indiv),
+        ]
+    lines += ["", NOTES]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    """Run both measurements and report."""
+    """Run the measurements and report."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--rows", type=int, default=16, help="rows of the throughput batch")
     ap.add_argument("--episodes", type=int, default=8, help="5-turn episodes for the packing run")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2, help="best of N rounds per measurement")
+    ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 row")
+    ap.add_argument("--compile", action="store_true",
+                    help="add a `bf16 compiled` row (train.compile=true; compiled in the warm-up)")
+    ap.add_argument("--no-packing", action="store_true", help="skip the concat/individual run")
     ap.add_argument("--no-write", action="store_true", help="print the section only")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     load_before = os.getloadavg()[0]
     cfg = TrainConfig()
+    before = TrainConfig(bf16_mode="autocast", length_bucket=1)
     path = model_path(args.model)
-    actors = {"bf16": Actor(path, cfg), "fp32": Actor(path, TrainConfig(bf16=False))}
+    configs = {"bf16 autocast": before, "bf16": cfg}
+    if args.compile:
+        configs["bf16 compiled"] = TrainConfig(compile=True)
+    if not args.no_fp32:
+        configs["fp32"] = TrainConfig(bf16=False)
+    actors = {name: Actor(path, c) for name, c in configs.items()}
+    # The former path stepped with the default (unfused, per-tensor) AdamW.
+    old = actors["bf16 autocast"]
+    old.optimizer = torch.optim.AdamW(old.model.parameters(), lr=before.lr, fused=False)
     if not actors["bf16"].bf16:
-        print("warning: bf16='auto' resolved to fp32 on this CPU; the bf16 row is fp32 too")
+        print("warning: bf16='auto' resolved to fp32 on this CPU; the bf16 rows are fp32 too")
     vocab = actors["bf16"].model.config.vocab_size
     params = param_counts(actors["bf16"].model)
     batch = synthetic_batch(args.rows, vocab)
     episodes = episode_batches(args.episodes, vocab)
-    with tqdm(total=2 + 4 * (args.repeats + 1), desc="bench_train", unit="step") as bar:
+    rounds = args.repeats + 1
+    total = 2 + rounds * (len(actors) + 6 + (0 if args.no_packing else 2))
+    with tqdm(total=total, desc="bench_train", unit="step") as bar:
         bar.set_postfix_str("matmul peaks")
         peaks = {"bf16": matmul_peak_gflops(torch.bfloat16), "fp32": matmul_peak_gflops(torch.float32)}
         bar.update(2)
-        best = interleaved({name: update_fn(a, batch, cfg) for name, a in actors.items()},
+        best = interleaved({name: update_fn(a, batch, configs[name]) for name, a in actors.items()},
                            args.repeats, bar)
         part1 = [result(name, batch, *best[name], *params) for name in actors]
-        del actors["fp32"]  # free its weights and AdamW moments before the long rows
-        best = interleaved({style: update_fn(actors["bf16"], b, cfg)
-                            for style, b in episodes.items()}, args.repeats, bar)
-        concat, indiv = (result(s, episodes[s], *best[s], *params) for s in ("concat", "individual"))
+        for name in ("fp32", "bf16 compiled"):  # free their weights before the rest
+            actors.pop(name, None)
+        parts: dict[str, dict[str, float]] = {name: {} for name in actors}
+        timers = {name: breakdown_fns(a, batch, configs[name]) for name, a in actors.items()}
+        for r in range(rounds):  # bounded: repeats + 1 rounds, the first a warm-up
+            for name, fns in timers.items():
+                for part, fn in fns.items():
+                    bar.set_postfix_str(f"{name} {part}, round {r}")
+                    seconds = fn()
+                    if r > 0:
+                        parts[name][part] = min(parts[name].get(part, math.inf), seconds)
+                    bar.update(1)
+        packing = None
+        if not args.no_packing:
+            actors.pop("bf16 autocast")
+            best = interleaved({style: update_fn(actors["bf16"], b, cfg)
+                                for style, b in episodes.items()}, args.repeats, bar)
+            packing = (result("concat", episodes["concat"], *best["concat"], *params),
+                       result("individual", episodes["individual"], *best["individual"], *params))
     meta = {
         "command": " ".join(["RELAYRL_HOME=/tmp/rr python benchmarks/bench_train.py", *sys.argv[1:]]),
         "machine": machine(),
@@ -370,11 +476,12 @@ def main() -> None:
         "load": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",
         "model": args.model,
         "mbt": str(cfg.micro_batch_tokens),
+        "bucket": str(cfg.length_bucket),
         "repeats": str(args.repeats),
         "auto": "bf16" if resolve_bf16("auto", torch.device("cpu")) else "fp32",
         "episodes": str(args.episodes),
     }
-    section = render(meta, part1, peaks, params, concat, indiv)
+    section = render(meta, part1, peaks, params, parts, packing)
     print(section)
     if not args.no_write:
         write_section(section, SECTION)

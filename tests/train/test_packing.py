@@ -135,3 +135,37 @@ def test_a_tensor_dict_without_behaviour_logprobs_is_refused() -> None:
     del tensors["logprobs"]
     with pytest.raises(InvalidRequest, match="logprobs"):
         TrainBatch.from_tensors(tensors, ["ep0"], ["task"])
+
+
+def test_bucketed_micro_batches_round_lengths_up_and_score_the_same(tiny_llama_dir: str) -> None:
+    batch = random_batch(LENGTHS, vocab=100, seed=4)
+    mask = batch.loss_mask_B_T.clone()
+    mask[3, 20:] = False  # row 3 (30 tokens) ends with 10 untrained tokens
+    batch = TrainBatch(**{**batch.__dict__, "loss_mask_B_T": mask})
+    mbs = micro_batches(batch, 48, "pad", bucket=16)
+    for mb in mbs:
+        length = mb.input_ids_M_L.shape[1]
+        assert length % 16 == 0 and mb.num_tokens <= 48
+    # 23 and (row 3 cut to) 20 round to 32, beyond the batch's 30 columns; the rest to 16.
+    assert sorted(mb.input_ids_M_L.shape[1] for mb in mbs) == [16, 16, 32, 32]
+    covered = torch.cat([mb.source_N for mb in mbs]).sort().values
+    assert torch.equal(covered, mask.reshape(-1).nonzero()[:, 0])
+
+    exact = Actor(tiny_llama_dir, TrainConfig(micro_batch_tokens=48, bf16=False, length_bucket=1))
+    bucketed = Actor(tiny_llama_dir, TrainConfig(micro_batch_tokens=48, bf16=False,
+                                                 length_bucket=16))
+    batch = random_batch(LENGTHS, vocab=exact.model.config.vocab_size, seed=4)
+    assert torch.allclose(bucketed.compute_logprobs(batch), exact.compute_logprobs(batch),
+                          atol=1e-5)
+
+
+def test_rows_are_cut_after_their_last_trained_token() -> None:
+    batch = random_batch([12, 12], vocab=100, seed=6)
+    mask = batch.loss_mask_B_T.clone()
+    mask[:, 7:] = False
+    mask[:, 6] = True
+    batch = TrainBatch(**{**batch.__dict__, "loss_mask_B_T": mask})
+    (mb,) = micro_batches(batch, 100, "pad")
+    assert mb.input_ids_M_L.shape == (2, 7)
+    (mb,) = micro_batches(batch, 100, "pack")
+    assert mb.input_ids_M_L.shape == (1, 14)

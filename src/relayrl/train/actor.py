@@ -3,14 +3,20 @@ AdamW optimizer; it scores tokens (`compute_logprobs`) and takes optimizer steps
 
 Logprobs follow one convention everywhere: the logprob of token t comes from the logits at
 position t - 1, at temperature 1 (the engine records its behaviour logprobs at temperature 1 too,
-so the two are comparable). Only trained tokens are scored: the decoder runs over every token,
-but the output head runs only on the positions before trained tokens, which in agent rows
-(long prompts and tool results, short replies) skips most of the largest matrix product. The
-head runs in fp32 even under bf16 autocast (`fp32_logits`): measured on SmolLM2, bf16 logits
-are off by 0.013 nats on average (max 0.10) from fp32; an fp32 head halves that.
+so the two are comparable). Only trained tokens are scored: the decoder runs over every token up
+to a row's last trained one, but the output head runs only on the positions before trained
+tokens, which in agent rows (long prompts and tool results, short replies) skips most of the
+largest matrix product. The head runs in fp32 even under bf16 (`fp32_logits`), on the fp32
+master weight: measured on SmolLM2, bf16 logits are off by 0.013 nats on average (max 0.10) from
+fp32; an fp32 head halves that.
 
-bf16 autocast is on by default where the hardware has it (AMX / AVX512-BF16 on CPU): measured
-fwd+bwd of 1024 tokens on SmolLM2, 3.3 s fp32 vs 1.9 s bf16, on this machine's 2 cores.
+bf16 is on by default where the hardware has it (AMX / AVX512-BF16 on CPU). With
+`bf16_mode="copy"` (default) the forward and backward run on a bf16 copy of the weights: each
+micro-batch's bf16 gradients are added into fp32 gradients of the master weights, AdamW steps
+the fp32 masters, and the copy is refreshed from them after each step. Autocast
+(`bf16_mode="autocast"`, the former path) casts every fp32 weight at each use and keeps the
+residual stream in fp32, which made the backward 4.5-5x the forward on this CPU
+(benchmarks/RESULTS.md, "Training throughput").
 
 Tradeoff: proximal logprobs default to the detached logprobs of the update's own forward pass
 (same weights, same numerics: identical to recomputing them) when one optimizer step is taken
@@ -20,6 +26,7 @@ per batch; with several minibatches per batch the caller computes them once up f
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
 from collections.abc import Iterator
@@ -76,6 +83,17 @@ def load_policy(model_path: str, device: torch.device, attn_implementation: str 
     return model.to(device).eval()
 
 
+def bf16_copy(model: Any) -> Any:
+    """A copy of `model` with bf16 parameters; buffers (rotary frequencies) stay as they are."""
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        # A tied weight is one parameter: converted once, so the copy stays tied. Buffers keep
+        # fp32 because bf16 rotary frequencies would be off by up to a radian at position 500.
+        for p in twin.parameters():
+            p.data = p.data.to(torch.bfloat16)
+    return twin
+
+
 class Actor:
     """Owns the policy model and optimizer; scores batches and updates the weights."""
 
@@ -87,19 +105,33 @@ class Actor:
         self.reference_path = reference_path or model_path
         """Where the frozen reference model for the KL term is loaded from (lazily)."""
         self.model = load_policy(model_path, self.device, config.attn_implementation)
+        """The fp32 master weights: what the optimizer steps, checkpoints and the engine get."""
         self.bf16 = resolve_bf16(config.bf16, self.device)
+        self.bf16_copy = self.bf16 and config.bf16_mode == "copy"
+        """Forward and backward run on a bf16 copy of the weights (else on `model`)."""
+        self.compute_model = bf16_copy(self.model) if self.bf16_copy else self.model
+        """What forward and backward run on: the bf16 copy, or `model` itself."""
+        if config.compile:
+            # Layer by layer: the layers share one compiled graph (their weights are its inputs),
+            # compiled once (~55 s on 2 busy cores); dynamic shapes, as lengths vary per batch.
+            for layer in self.compute_model.get_decoder().layers:
+                layer.compile(dynamic=True)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=config.lr,
             betas=config.betas,
             eps=config.adam_eps,
             weight_decay=config.weight_decay,
+            # One vectorized kernel per tensor instead of ~10 passes over the 135M fp32 values:
+            # measured 4.5x faster on this CPU (1.0 vs 4.5 s for SmolLM2, loaded machine).
+            fused=self.device.type in ("cpu", "cuda"),
         )
         self.step = 0
         """Optimizer steps taken (across resumes)."""
         self.version = 0
         """Weight version: bumped by every optimizer step; what the engine is told it serves."""
         self._reference: Any = None
+        self._reference_compute: Any = None
 
     @classmethod
     def resume(cls, checkpoint: str | Path, config: TrainConfig, device: str = "cpu",
@@ -115,19 +147,35 @@ class Actor:
 
     @contextlib.contextmanager
     def _autocast(self) -> Iterator[None]:
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+        enabled = self.bf16 and not self.bf16_copy
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled):
             yield
 
+    def _runnable(self, model: Any) -> tuple[Any, Any]:
+        """(module whose decoder runs, output head) that score for `model`."""
+        if model is self.model:
+            compute = self.compute_model
+        elif model is self._reference:
+            compute = self._reference_compute
+        else:
+            compute = model
+        # The fp32 head is the master's own weight, so its gradient lands in fp32 directly.
+        return compute, (model if self.config.fp32_logits else compute).get_output_embeddings()
+
     def token_logprobs(self, model: Any, mb: MicroBatch) -> torch.Tensor:
-        """Logprobs `[N]` of the micro-batch's trained tokens under `model` (grad if enabled)."""
+        """Logprobs `[N]` of the micro-batch's trained tokens under `model` (grad if enabled).
+
+        `model` is the policy's `self.model` (run on its bf16 copy when there is one), the
+        reference, or any causal LM (run as it is).
+        """
         ids_M_L = mb.input_ids_M_L.to(self.device)
         m_N, l_N = mb.target_m_N.to(self.device), mb.target_l_N.to(self.device)
+        compute, head = self._runnable(model)
         with self._autocast():
-            hidden_M_L_H = model.get_decoder()(
+            hidden_M_L_H = compute.get_decoder()(
                 input_ids=ids_M_L, position_ids=mb.position_ids_M_L.to(self.device), use_cache=False
             ).last_hidden_state
         hidden_N_H = hidden_M_L_H[m_N, l_N - 1]  # logits at t - 1 score token t
-        head = model.get_output_embeddings()
         if self.config.fp32_logits:
             with torch.autocast(self.device.type, enabled=False):
                 logits_N_V = head(hidden_N_H.float())
@@ -138,6 +186,12 @@ class Actor:
         targets_N = ids_M_L[m_N, l_N]
         return logits_N_V.gather(-1, targets_N[:, None])[:, 0] - logits_N_V.logsumexp(-1)
 
+    def micro_batches(self, batch: TrainBatch) -> list[MicroBatch]:
+        """The batch split as this actor's config says (budget, packing, length buckets)."""
+        cfg = self.config
+        return micro_batches(batch, cfg.micro_batch_tokens, cfg.packing,
+                             bucket=cfg.length_bucket)
+
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch, model: Any = None) -> torch.Tensor:
         """`[B, T]` logprobs of the trained tokens under `model` (default: the policy); 0 elsewhere.
@@ -147,7 +201,7 @@ class Actor:
         model = self.model if model is None else model
         out_B_T = torch.zeros(batch.loss_mask_B_T.shape, dtype=torch.float32)
         flat = out_B_T.view(-1)
-        for mb in micro_batches(batch, self.config.micro_batch_tokens, self.config.packing):
+        for mb in self.micro_batches(batch):
             flat[mb.source_N] = self.token_logprobs(model, mb).cpu()
         return out_B_T
 
@@ -157,6 +211,9 @@ class Actor:
             self._reference = load_policy(self.reference_path, self.device,
                                           self.config.attn_implementation)
             self._reference.requires_grad_(False)
+            # The same numerics as the policy's, so the KL starts at 0.
+            self._reference_compute = (bf16_copy(self._reference) if self.bf16_copy
+                                       else self._reference)
         return self.compute_logprobs(batch, self._reference)
 
     # -- training -----------------------------------------------------------------------------
@@ -165,6 +222,54 @@ class Actor:
         """Learning rate of optimizer step `step` (0-based): linear warm-up, then constant."""
         warmup = self.config.warmup_steps
         return self.config.lr * (min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate `loss`, adding its gradients to the fp32 master weights' gradients."""
+        loss.backward()
+        if not self.bf16_copy:
+            return
+        # Accumulate in fp32 across micro-batches, as autocast's casts did; the bf16 gradients
+        # are dropped so the next micro-batch starts from none.
+        with torch.no_grad():
+            for master, twin in zip(self.model.parameters(), self.compute_model.parameters(),
+                                    strict=True):
+                if twin.grad is None:
+                    continue
+                if master.grad is None:
+                    master.grad = twin.grad.to(master.dtype)
+                else:
+                    master.grad.add_(twin.grad)
+                twin.grad = None
+
+    def weights_changed(self) -> None:
+        """Refresh the bf16 copy from the master weights (after they changed outside a step)."""
+        if not self.bf16_copy:
+            return
+        with torch.no_grad():
+            for master, twin in zip(self.model.parameters(), self.compute_model.parameters(),
+                                    strict=True):
+                twin.copy_(master)
+
+    def clip_gradients(self) -> float:
+        """Scale the master gradients to a global norm of at most `grad_clip`; the norm before."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            return 0.0
+        norm = torch.nn.utils.get_total_norm(grads)
+        grad_norm = float(norm)
+        # clip_grad_norm_ multiplies every gradient even by 1: a pass over 540 MB saved when
+        # the norm is already within the bound (and when it is not finite: the step is skipped).
+        if 0 < self.config.grad_clip < grad_norm < math.inf:
+            torch.nn.utils.clip_grads_with_norm_(grads, self.config.grad_clip, norm)
+        return grad_norm
+
+    def apply_gradients(self, lr: float) -> None:
+        """AdamW step at `lr` on the master gradients, then clear them and refresh the copy."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.weights_changed()
 
     def update(
         self,
@@ -190,13 +295,14 @@ class Actor:
         if weights_B_T is None:
             weights_B_T = token_weights(batch.loss_mask_B_T, cfg.loss_agg)
         self.optimizer.zero_grad(set_to_none=True)
+        self.compute_model.zero_grad(set_to_none=True)
         parts, padded_tokens = [], 0
-        for mb in micro_batches(batch, cfg.micro_batch_tokens, cfg.packing):
+        for mb in self.micro_batches(batch):
             logprobs_N = self.token_logprobs(self.model, mb)
             out = ppo_loss(logprobs_N, self._loss_inputs(batch, mb, logprobs_N, adv_B_T,
                                                          weights_B_T, prox_logprobs_B_T,
                                                          ref_logprobs_B_T), cfg)
-            out.loss.backward()
+            self.backward(out.loss)
             parts.append(out.stats)
             padded_tokens += mb.num_tokens
         metrics = merge_stats(parts)
@@ -241,18 +347,13 @@ class Actor:
 
     def _optimizer_step(self) -> dict[str, float]:
         self._sync_gradients()
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grad_norm = self.clip_gradients()
         lr = self.lr_at(self.step)
         if not math.isfinite(grad_norm):
             # One bad batch must not poison the weights: skip it, keep step and version.
             self.optimizer.zero_grad(set_to_none=True)
             return {"grad_norm": grad_norm, "lr": lr, "skipped_nonfinite": 1.0}
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.apply_gradients(lr)
         self.step += 1
         self.version += 1
         return {"grad_norm": grad_norm, "lr": lr, "step": float(self.step)}

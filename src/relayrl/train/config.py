@@ -29,7 +29,10 @@ class TrainConfig:
     grad_clip: float = 1.0                    # max global grad norm; 0 turns clipping off
     micro_batch_tokens: int = 4096            # token budget of one forward/backward (rows x padded length)
     packing: Literal["pad", "pack"] = "pad"   # "pad": rows of similar length; "pack": rows concatenated (flash-attention GPUs)
-    bf16: bool | Literal["auto"] = "auto"     # bf16 autocast; auto = on where the CPU has AMX/AVX512-BF16 or the GPU has bf16
+    bf16: bool | Literal["auto"] = "auto"     # bf16 compute; auto = on where the CPU has AMX/AVX512-BF16 or the GPU has bf16
+    bf16_mode: Literal["copy", "autocast"] = "copy"  # copy: fwd/bwd on a bf16 copy of the fp32 weights, refreshed after each step; autocast: cast the fp32 weights on every use (slower)
+    compile: bool = False                     # torch.compile the decoder layers (dynamic shapes); the first step compiles (~1 min on 2 cores)
+    length_bucket: int = 64                   # pad: micro-batch lengths round up to a multiple of this (stable shapes); 1 = no rounding
     attn_implementation: str = "sdpa"         # transformers attention kernel ("flash_attention_2" suits packing on GPUs)
     total_steps: int = 100                    # optimizer steps in the run
     minibatches: int = 1                      # optimizer steps per rollout batch (>1 makes the PPO clip bite)
@@ -52,7 +55,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         positive = ("lr", "micro_batch_tokens", "total_steps", "minibatches", "tis_cap",
-                    "world_size")
+                    "world_size", "length_bucket")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")

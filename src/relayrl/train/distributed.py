@@ -243,6 +243,7 @@ class DistributedActor(Actor):
         with torch.no_grad():
             for t in [*self.model.parameters(), *self.model.buffers()]:
                 dist.broadcast(t.data, src=0)
+        self.weights_changed()
         box: list[Any] = [(self.optimizer.state_dict(), self.step, self.version)
                           if self.is_leader else None]
         dist.broadcast_object_list(box, src=0, device=self._collective_device())

@@ -12,7 +12,11 @@ Two layouts, both exact (a test checks each against one-row-at-a-time logprobs):
   back to the dense kernel and was measured 2-5x slower than `pad` (SmolLM2, 2048 tokens of 8
   rows: 16 s vs 3 s for fwd+bwd), hence `pad` by default.
 
-Rows without a trained token are skipped (no forward at all), so dropped groups cost nothing.
+Rows without a trained token are skipped (no forward at all), so dropped groups cost nothing,
+and a row's tokens after its last trained one are not forwarded (nothing reads them). In `pad`,
+a micro-batch's length rounds up to a multiple of `bucket` (the padded budget counts the rounded
+length): a few stable shapes instead of one per batch, so the allocator and oneDNN reuse what
+they made for the last step instead of growing the heap with buffers of never-repeated sizes.
 A micro-batch lists where each trained token sits (its row in the micro-batch and position)
 and its flat index in the `[B, T]` batch, so any per-token tensor of the batch is gathered with
 one `take`.
@@ -246,30 +250,52 @@ def plan_micro_batches(lengths_B: Sequence[int], max_tokens: int, packing: str) 
     raise ValueError(f"unknown packing {packing!r}; expected 'pad' or 'pack'")
 
 
+def bucketed(length: int, bucket: int) -> int:
+    """`length` rounded up to a multiple of `bucket`."""
+    return -(-length // bucket) * bucket
+
+
 def micro_batches(
-    batch: TrainBatch, max_tokens: int, packing: str, mask_B_T: torch.Tensor | None = None
+    batch: TrainBatch, max_tokens: int, packing: str, mask_B_T: torch.Tensor | None = None,
+    bucket: int = 1,
 ) -> list[MicroBatch]:
-    """The batch's rows that have trained tokens (per `mask_B_T`, default the loss mask), split."""
+    """The batch's rows that have trained tokens (per `mask_B_T`, default the loss mask), split.
+
+    Rows are cut after their last trained token; in `pad`, lengths round up to `bucket`.
+    """
     mask_B_T = batch.loss_mask_B_T if mask_B_T is None else mask_B_T.bool()
-    live = [b for b in range(batch.num_rows) if bool(mask_B_T[b].any())]
-    lengths = batch.lengths_B.tolist()
-    plans = plan_micro_batches([lengths[b] for b in live], max_tokens, packing)
-    build = _build_padded if packing == "pad" else _build_packed
-    return [build(batch, mask_B_T, [live[i] for i in plan], lengths) for plan in plans]
+    t = mask_B_T.shape[1]
+    # Length up to the last trained token of each row, 0 for a row with none.
+    last_B = (torch.where(mask_B_T, torch.arange(1, t + 1), 0).amax(-1) if t
+              else torch.zeros(mask_B_T.shape[0], dtype=torch.long))
+    needed = [int(n) for n in last_B.tolist()]
+    live = [b for b in range(batch.num_rows) if needed[b] > 0]
+    if packing == "pad":
+        planned = [bucketed(needed[b], bucket) for b in live]
+    else:
+        planned = [needed[b] for b in live]
+    plans = plan_micro_batches(planned, max_tokens, packing)
+    if packing == "pad":
+        return [_build_padded(batch, mask_B_T, [live[i] for i in plan],
+                              max(planned[i] for i in plan)) for plan in plans]
+    return [_build_packed(batch, mask_B_T, [live[i] for i in plan], needed) for plan in plans]
 
 
 def _build_padded(
-    batch: TrainBatch, mask_B_T: torch.Tensor, rows: list[int], lengths: list[int]
+    batch: TrainBatch, mask_B_T: torch.Tensor, rows: list[int], length: int
 ) -> MicroBatch:
-    length = max(lengths[b] for b in rows)
     index = torch.tensor(rows, dtype=torch.long)
-    mask_M_L = mask_B_T[index, :length]
-    target_m_N, target_l_N = mask_M_L.nonzero(as_tuple=True)
     t = batch.input_ids_B_T.shape[1]
+    real = min(length, t)
+    mask_M_L = mask_B_T[index, :real]
+    target_m_N, target_l_N = mask_M_L.nonzero(as_tuple=True)
+    ids_M_L = batch.input_ids_B_T[index, :real]
+    if length > real:  # the bucket is longer than the batch: pad further (id 0, never read)
+        ids_M_L = torch.nn.functional.pad(ids_M_L, (0, length - real))
     # Pads keep counting positions (no restart), so transformers sees no packing and uses the
     # plain causal kernel; pads come after every real token, so no real token attends to one.
     return MicroBatch(
-        input_ids_M_L=batch.input_ids_B_T[index, :length],
+        input_ids_M_L=ids_M_L,
         position_ids_M_L=torch.arange(length).expand(len(rows), length),
         target_m_N=target_m_N,
         target_l_N=target_l_N,

@@ -11,32 +11,26 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
-import torch
 from tqdm import tqdm
 
 from relayrl.train.actor import Actor
 from relayrl.train.config import SFTConfig
-from relayrl.train.packing import TrainBatch, micro_batches
+from relayrl.train.packing import TrainBatch
 from relayrl.trajectory.export import TrajectoryRow
 
 
 def sft_step(actor: Actor, batch: TrainBatch, lr: float) -> dict[str, float]:
     """One optimizer step of token-level cross-entropy on the batch's masked tokens."""
-    cfg = actor.config
     n_tokens = max(batch.num_trained_tokens, 1)
     actor.optimizer.zero_grad(set_to_none=True)
     total = 0.0
-    for mb in micro_batches(batch, cfg.micro_batch_tokens, cfg.packing):
+    for mb in actor.micro_batches(batch):
         logprobs_N = actor.token_logprobs(actor.model, mb)
         loss = -logprobs_N.sum() / n_tokens
-        loss.backward()
+        actor.backward(loss)
         total += loss.item()
-    params = [p for p in actor.model.parameters() if p.grad is not None]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or float("inf")))
-    for group in actor.optimizer.param_groups:
-        group["lr"] = lr
-    actor.optimizer.step()
-    actor.optimizer.zero_grad(set_to_none=True)
+    grad_norm = actor.clip_gradients()
+    actor.apply_gradients(lr)
     return {"sft_loss": total, "sft_grad_norm": grad_norm, "sft_tokens": float(n_tokens)}
 
 
