@@ -203,14 +203,18 @@ async def _sse(deps: GatewayDeps, wire: Wire, session: Session | None,
     # kept only for an Idempotency-Key retry: the choices as they finished, logprobs per choice
     choices: list[Choice] = []
     lps: dict[int, list[TokenLogprob]] = {}
+    # Every write is a syscall and a wake-up of the client, and costs about as much as framing
+    # a batch: the opening frames go out with the first batch, and the last batch (every choice
+    # finished) with the closing frames. One write per batch of ready events, not one per token.
+    pending = enc.start(prompt_tokens=prompt_tokens)
+    unfinished = call.request.n
     try:
-        yield "".join(enc.start(prompt_tokens=prompt_tokens))
-        # one write per batch of ready events, not one per token
         async with aclosing(complete_stream_batches(deps, session, call)) as batches:
             async for batch in batches:
-                frames: list[str] = []
+                frames, pending = pending, []
                 for ev in batch:
                     if isinstance(ev, StreamFinish):
+                        unfinished -= 1
                         completion_tokens += ev.output_tokens
                         frames += enc.finish(ev.index, ev.finish_reason, ev.interaction_id,
                                              stop_sequence=ev.stop_sequence)
@@ -228,7 +232,9 @@ async def _sse(deps: GatewayDeps, wire: Wire, session: Session | None,
                         frames += enc.delta(ev.index, None, ev.logprobs)
                     if slot is not None and ev.logprobs:
                         lps.setdefault(ev.index, []).extend(ev.logprobs)
-                if frames:
+                if unfinished == 0:
+                    pending = frames  # nothing follows but the end: one write for both
+                elif frames:
                     yield "".join(frames)
         if slot is not None:
             choices.sort(key=lambda ch: ch.index)
@@ -236,16 +242,17 @@ async def _sse(deps: GatewayDeps, wire: Wire, session: Session | None,
                 id=call.interaction_ids[0], model=deps.model_label, created=created,
                 choices=tuple(choices), prompt_tokens=prompt_tokens)))
     except RelayError as e:
-        yield "".join(enc.error(e))
+        yield "".join([*pending, *enc.error(e)])
         return
     except Exception as e:  # a bug must end the stream cleanly, not the connection
         log.exception("unexpected error while streaming", exc_info=e)
-        yield "".join(enc.error(RelayError("internal error; the gateway log has the details")))
+        yield "".join([*pending, *enc.error(
+            RelayError("internal error; the gateway log has the details"))])
         return
     finally:
         if slot is not None:
             deps.idempotency.release(slot)  # no-op once fulfilled
-    yield "".join(enc.end(prompt_tokens, completion_tokens))
+    yield "".join([*pending, *enc.end(prompt_tokens, completion_tokens)])
 
 
 async def chat_completions(request: Request) -> Any:
