@@ -287,8 +287,7 @@ async def run_all(servers: list[Server], rows: list[Row], args: argparse.Namespa
     async with aiohttp.ClientSession(connector=connector) as http:
         names = [s.name for s in servers]
         head = "| row | " + " | ".join(f"{n} /s | {n} p50 ms" for n in names)
-        if len(servers) == 2:
-            head += " | req/s ratio (per round) | p50 ratio |"
+        head += " | req/s ratio (per round) | p50 ratio |" if len(servers) == 2 else " |"
         print(head)
         print("|" + " --- |" * (1 + 2 * len(servers) + (2 if len(servers) == 2 else 0)))
         for row in rows:
