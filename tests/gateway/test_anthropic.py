@@ -31,6 +31,7 @@ def test_a_message_comes_back_with_text_and_usage(gw: Gateway) -> None:
 def test_streaming_text_arrives_in_pieces(gw: Gateway) -> None:
     text = "A streamed answer with several tokens in it."
     gw.script.replies.append(text)
+    gw.deps.engine.token_delay_s = 0.002  # sampled at an engine's pace, not all ready at once
     s = gw.start_session()
     with client_for(gw, s).messages.stream(
             model="m", max_tokens=64, messages=[{"role": "user", "content": "go"}]) as stream:

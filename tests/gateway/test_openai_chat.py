@@ -49,6 +49,7 @@ def test_sync_client_gets_the_scripted_reply_and_the_call_is_recorded(gw: Gatewa
 async def test_async_client_and_streaming_deliver_the_same_text(gw: Gateway) -> None:
     text = "The answer is forty-two, as everyone knows."
     gw.script.replies += [text, text]
+    gw.deps.engine.token_delay_s = 0.002  # sampled at an engine's pace, not all ready at once
     s = gw.start_session()
     client = AsyncOpenAI(base_url=gw.url + "/v1", api_key=s["api_key"], max_retries=0)
     plain = await client.chat.completions.create(
@@ -140,6 +141,37 @@ def test_logprobs_n_seed_and_stop_are_honoured(gw: Gateway) -> None:
     r2 = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "y"}],
                                         n=2)
     assert [c.index for c in r2.choices] == [0, 1]
+
+
+def test_tokens_ready_together_go_out_in_one_event_with_their_logprobs(gw: Gateway) -> None:
+    # the fake engine hands over its whole reply before the route runs: one content event, not
+    # one per token, carrying every token's logprob, the same as the plain answer
+    text = "Tokens that are ready together are sent together, in order."
+    gw.script.replies += [text, text]
+    s = gw.start_session()
+    client = client_for(gw, s)
+    plain = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}],
+                                           logprobs=True)
+    stream = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "b"}], logprobs=True, stream=True,
+        stream_options={"include_usage": True})
+    contents, lps, usage = [], [], None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            if c.delta.content:
+                contents.append(c.delta.content)
+            if c.logprobs and c.logprobs.content:
+                lps += c.logprobs.content
+    assert contents == [text]
+    assert usage is not None
+    want = [(t.token, t.logprob) for t in plain.choices[0].logprobs.content]
+    assert [(t.token, t.logprob) for t in lps] == want
+    assert len(lps) == usage.completion_tokens  # one per sampled token
+    rows = gw.export(s["session_id"], style="individual")  # both recorded, token for token
+    sampled = [[t for t, m in zip(r["input_ids"], r["loss_mask"], strict=True) if m]
+               for r in rows]
+    assert len(rows) == 2 and sampled[0] == sampled[1] and len(sampled[1]) == len(lps)
 
 
 def test_tool_choice_naming_a_function_forces_that_call(gw: Gateway) -> None:

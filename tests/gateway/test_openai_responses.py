@@ -34,6 +34,7 @@ def test_a_text_response_has_output_text_and_usage(gw: Gateway) -> None:
 def test_streamed_response_events_build_the_same_text(gw: Gateway) -> None:
     text = "Streaming works one token at a time."
     gw.script.replies.append(text)
+    gw.deps.engine.token_delay_s = 0.002  # sampled at an engine's pace, not all ready at once
     s = gw.start_session()
     deltas, final = [], None
     with client_for(gw, s).responses.stream(model="m", input="go") as stream:

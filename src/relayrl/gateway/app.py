@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -203,14 +203,18 @@ async def _sse(deps: GatewayDeps, wire: Wire, session: Session | None,
     # kept only for an Idempotency-Key retry: the choices as they finished, logprobs per choice
     choices: list[Choice] = []
     lps: dict[int, list[TokenLogprob]] = {}
+    # Every write is a syscall and a wake-up of the client, and costs about as much as framing
+    # a batch: the opening frames go out with the first batch, and the last batch (every choice
+    # finished) with the closing frames. One write per batch of ready events, not one per token.
+    pending = enc.start(prompt_tokens=prompt_tokens)
+    unfinished = call.request.n
     try:
-        yield "".join(enc.start(prompt_tokens=prompt_tokens))
-        # one write per batch of ready events, not one per token
         async with aclosing(complete_stream_batches(deps, session, call)) as batches:
             async for batch in batches:
-                frames: list[str] = []
+                frames, pending = pending, []
                 for ev in batch:
                     if isinstance(ev, StreamFinish):
+                        unfinished -= 1
                         completion_tokens += ev.output_tokens
                         frames += enc.finish(ev.index, ev.finish_reason, ev.interaction_id,
                                              stop_sequence=ev.stop_sequence)
@@ -228,7 +232,9 @@ async def _sse(deps: GatewayDeps, wire: Wire, session: Session | None,
                         frames += enc.delta(ev.index, None, ev.logprobs)
                     if slot is not None and ev.logprobs:
                         lps.setdefault(ev.index, []).extend(ev.logprobs)
-                if frames:
+                if unfinished == 0:
+                    pending = frames  # nothing follows but the end: one write for both
+                elif frames:
                     yield "".join(frames)
         if slot is not None:
             choices.sort(key=lambda ch: ch.index)
@@ -236,16 +242,17 @@ async def _sse(deps: GatewayDeps, wire: Wire, session: Session | None,
                 id=call.interaction_ids[0], model=deps.model_label, created=created,
                 choices=tuple(choices), prompt_tokens=prompt_tokens)))
     except RelayError as e:
-        yield "".join(enc.error(e))
+        yield "".join([*pending, *enc.error(e)])
         return
     except Exception as e:  # a bug must end the stream cleanly, not the connection
         log.exception("unexpected error while streaming", exc_info=e)
-        yield "".join(enc.error(RelayError("internal error; the gateway log has the details")))
+        yield "".join([*pending, *enc.error(
+            RelayError("internal error; the gateway log has the details"))])
         return
     finally:
         if slot is not None:
             deps.idempotency.release(slot)  # no-op once fulfilled
-    yield "".join(enc.end(prompt_tokens, completion_tokens))
+    yield "".join([*pending, *enc.end(prompt_tokens, completion_tokens)])
 
 
 async def chat_completions(request: Request) -> Any:
@@ -365,12 +372,60 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         task.cancel()
 
 
+Handler = Callable[[Request], Awaitable[Any]]
+
+
+class _GatewayApp(FastAPI):
+    """FastAPI, with the calls an agent makes on every turn served straight from `__call__`.
+
+    Starlette passes each request through seven middlewares and a linear route match before a
+    handler runs; for a short call that is about a tenth of the gateway's time. The completion
+    and session routes in `fast` need none of it: the completion routes answer their own errors
+    and the rest are wrapped by `_answer`. The Guard's checks still run first; everything else
+    (other methods, other paths, `/s/{key}/...`) takes the usual way.
+    """
+
+    fast: dict[str, Handler]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler = self.fast.get(scope["path"]) if scope["type"] == "http" and \
+            scope["method"] == "POST" else None
+        if handler is None:
+            await super().__call__(scope, receive, send)
+            return
+        if Guard.check(scope) is not None:  # the Guard answers it, as on the usual way
+            await Guard(self.router)(scope, receive, send)
+            return
+        scope["app"] = self
+        request = Request(scope, receive, send)
+        response = await handler(request)
+        await response(scope, receive, send)
+
+
+def _answer(route: Handler) -> Handler:
+    """A JSON route for the fast path: its dict as JSON, its errors in OpenAI's error shape."""
+
+    async def answer(request: Request) -> Response:
+        try:
+            return JSONResponse(await route(request))
+        except Exception as exc:  # what the app's exception handlers would have answered
+            return await _relay_error(request, exc)
+
+    return answer
+
+
 def create_app(deps: GatewayDeps) -> FastAPI:
     """Build the gateway app around `deps`."""
     # /openapi.json lists every route (gateway.openapi adds what FastAPI cannot see); no
     # interactive docs pages, which would load scripts from a CDN
-    app = FastAPI(title="relayrl gateway", docs_url=None, redoc_url=None,
-                  openapi_url="/openapi.json", lifespan=_lifespan)
+    app = _GatewayApp(title="relayrl gateway", docs_url=None, redoc_url=None,
+                      openapi_url="/openapi.json", lifespan=_lifespan)
+    app.fast = {"/v1/chat/completions": chat_completions, "/chat/completions": chat_completions,
+                "/v1/responses": responses, "/responses": responses, "/v1/messages": messages,
+                "/rl/start_session": _answer(routes_rl.start_session),
+                "/rl/end_session": _answer(routes_rl.end_session),
+                "/rl/v1/end_session": _answer(routes_rl.end_session),
+                "/rl/set_reward": _answer(routes_rl.set_reward)}
     app.state.deps = deps
     # Sessions are reached by key only: header, or the key-addressed `/s/{key}/v1` base URL
     # (routes_rl_v1). There is no id-addressed form: an id names a session, it opens nothing.

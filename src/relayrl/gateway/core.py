@@ -481,6 +481,30 @@ class _ChoiceStream:
                 StreamFinish(self.index, finish, iid, reply, len(out.output_ids), out.stop_string))
 
 
+def _merge_ready(items: list[tuple[int, TokenChunk | BaseException | None]]
+                 ) -> list[tuple[int, TokenChunk | BaseException | None]]:
+    """Consecutive chunks of one choice as one chunk (its tokens in order, its last finish).
+
+    Per-token work (decoding, parsing, a JSON frame, a write) costs about as much as the rest of
+    a short streamed call; tokens that are ready together are sent together, as a slower client
+    would have read them anyway.
+    """
+    out: list[tuple[int, TokenChunk | BaseException | None]] = []
+    for i, item in items:
+        if isinstance(item, TokenChunk) and out:
+            j, prev = out[-1]
+            if (j == i and isinstance(prev, TokenChunk) and prev.finish_reason is None
+                    and (prev.top_logprobs is None) == (item.top_logprobs is None)):
+                tops = None if prev.top_logprobs is None else prev.top_logprobs + (
+                    item.top_logprobs or [])
+                out[-1] = (i, replace(item, ids=prev.ids + item.ids,
+                                      logprobs=prev.logprobs + item.logprobs,
+                                      versions=prev.versions + item.versions, top_logprobs=tops))
+                continue
+        out.append((i, item))
+    return out
+
+
 async def complete_stream_batches(
     deps: GatewayDeps, session: Session | None, call: PreparedCall
 ) -> AsyncIterator[list[StreamEvent]]:
@@ -488,7 +512,8 @@ async def complete_stream_batches(
 
     A batch is what a route can send in one write: when the engine hands over several chunks
     before the route gets to run (a fast engine, or n > 1), they go out together instead of one
-    network write per token. Each chunk still makes its own deltas, so no event is merged.
+    network write per token, and the chunks of one choice are merged first (`_merge_ready`), so
+    they are decoded, parsed and framed once: an event carries every token that was ready.
 
     A consumer that stops early (closes the generator, or is cancelled: the client left) stops
     the engine, and each choice not yet finished is noted as an `AbortedCall`, never recorded as
@@ -513,8 +538,8 @@ async def complete_stream_batches(
     try:
         running = len(streams)
         while running:
-            items = [await queue.get()]
-            items += [queue.get_nowait() for _ in range(queue.qsize())]
+            items = _merge_ready([await queue.get(),
+                                  *(queue.get_nowait() for _ in range(queue.qsize()))])
             batch: list[StreamEvent] = []
             error: BaseException | None = None
             for i, item in items:
