@@ -1,6 +1,7 @@
-"""How relayrl runs uvicorn: every server it starts (gateway, router, serve-model, rollout
-server, viewer) takes its event loop and HTTP parser from here, and streams server-sent events
-with `EventStream`.
+"""How relayrl runs uvicorn: the servers it starts (gateway, serve-model, rollout server,
+viewer) take their event loop and HTTP parser from here, and stream server-sent events with
+`EventStream`. The router serves HTTP/1.1 itself on the same loop and parser
+(`relayrl.router.http`), because uvicorn's per-request work was half of its cost per call.
 
 The fastest installed are used: uvloop and httptools (core dependencies; uvicorn's own
 recommended extras), else asyncio's loop and h11. `RELAYRL_LOOP=asyncio` and `RELAYRL_HTTP=h11`
