@@ -60,6 +60,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from relayrl.engine.base import validate_request
+from relayrl.engine.decoder import LeanDecoder
 from relayrl.engine.sampling import RowParams, sample
 from relayrl.engine.stops import StopStringMatcher
 from relayrl.errors import EngineError, InvalidRequest, ModelError
@@ -206,6 +207,15 @@ class SlotKVCache(Cache):
         for layer in self._slots:
             layer.move_row(src, dst, length)
 
+    def buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Every layer's key and value buffers, grown to the planned capacity first."""
+        plan = self._plan
+        for layer in self._slots:
+            assert layer.keys is not None and layer.values is not None  # a prefill made them
+            if layer.keys.shape[0] < plan.rows_cap or layer.keys.shape[2] < plan.cols_cap:
+                layer.lazy_initialization(layer.keys, layer.values)
+        return [x.keys for x in self._slots], [x.values for x in self._slots]  # type: ignore[misc]
+
     def clear(self) -> None:
         """Free every buffer (the batch is empty)."""
         for layer in self._slots:
@@ -312,6 +322,8 @@ class LocalEngine:
             raise ModelError(f"cannot load a causal LM from {model_path!r}: {e}") from e
         self.model.to(self.device).eval()
         self.packed_linears = _pack_linears(self.model)
+        # None for architectures it does not reproduce: those decode through the model's forward.
+        self.lean = LeanDecoder.build(self.model, packed=self.packed_linears > 0)
         config = self.model.config
         self._vocab_size = int(config.vocab_size)
         self._context_length = _context_length(config, max_context)
@@ -566,18 +578,28 @@ class LocalEngine:
         visible = max(cached) + 1
         cols_B = torch.tensor(cached, device=self.device)
         self._cache.reserve(len(rows), visible)
-        self._cache.plan_decode(cols_B, visible)
-        mask_B_V = self._columns[None, :visible] <= cols_B[:, None]
-        out = self.model(
-            input_ids=torch.tensor([s.last for s in rows], device=self.device)[:, None],
-            attention_mask=mask_B_V[:, None, None, :],
-            position_ids=cols_B[:, None],
-            past_key_values=self._cache,
-            use_cache=True,
-        )
+        ids_B = torch.tensor([s.last for s in rows], device=self.device)
+        if self.lean is not None:
+            keys, values = self._cache.buffers()
+            # Rows of equal length see every column: no mask, the cheaper attention path.
+            mask_B_V = None
+            if min(cached) != visible - 1:
+                mask_B_V = self._columns[None, :visible] <= cols_B[:, None]
+            logits_B_V = self.lean.step(ids_B, cols_B, keys, values, visible, mask_B_V)
+        else:
+            self._cache.plan_decode(cols_B, visible)
+            mask_B_V = self._columns[None, :visible] <= cols_B[:, None]
+            out = self.model(
+                input_ids=ids_B[:, None],
+                attention_mask=mask_B_V[:, None, None, :],
+                position_ids=cols_B[:, None],
+                past_key_values=self._cache,
+                use_cache=True,
+            )
+            logits_B_V = out.logits[:, -1]
         for s in rows:
             s.cached += 1
-        self._advance(rows, out.logits[:, -1])
+        self._advance(rows, logits_B_V)
         self._retire()
 
     def _advance(self, seqs: list[_Sequence], logits_B_V: torch.Tensor) -> None:
