@@ -295,6 +295,8 @@ class LocalEngine:
         max_context: caps the model's context length (prompt + output).
         max_prefill_tokens: padded prompt tokens prefilled together between two decode steps.
         num_threads: torch threads of the engine thread only (None: `default_num_threads()`).
+        lean_decode: decode Llama-family models through `LeanDecoder` (False: through the model's
+            own forward, kept for comparison and for architectures it does not cover).
     """
 
     def __init__(
@@ -308,6 +310,7 @@ class LocalEngine:
         max_context: int | None = None,
         max_prefill_tokens: int = 4096,
         num_threads: int | None = None,
+        lean_decode: bool = True,
     ) -> None:
         if max_batch_size <= 0:
             raise InvalidRequest(f"max_batch_size must be > 0, got {max_batch_size}")
@@ -323,7 +326,9 @@ class LocalEngine:
         self.model.to(self.device).eval()
         self.packed_linears = _pack_linears(self.model)
         # None for architectures it does not reproduce: those decode through the model's forward.
-        self.lean = LeanDecoder.build(self.model, packed=self.packed_linears > 0)
+        self.lean = (
+            LeanDecoder.build(self.model, packed=self.packed_linears > 0) if lean_decode else None
+        )
         config = self.model.config
         self._vocab_size = int(config.vocab_size)
         self._context_length = _context_length(config, max_context)
