@@ -160,16 +160,17 @@ class LeanDecoder:
         self,
         ids_B: torch.Tensor,
         cols_B: torch.Tensor,
-        keys: list[torch.Tensor],
-        values: list[torch.Tensor],
+        caches: list[torch.Tensor],
         visible: int,
         mask_B_V: torch.Tensor | None,
+        cols: list[int],
     ) -> torch.Tensor:
-        """Logits [B, vocab] of the next token; row b's new key/value go to column cols_B[b].
+        """Logits [B, vocab] of the next token; row b's new key/value go to column cols[b].
 
-        `keys[i]` / `values[i]` are layer i's cache buffers [rows, kv_heads, columns, head_dim];
-        row b of the batch is cache row b. `mask_B_V` says which of the first `visible` columns
-        each row attends to (None: all of them).
+        `caches[i]` is layer i's cache [rows, 2 * kv_heads, columns, head_dim], keys in the
+        first kv_heads, values in the rest; row b of the batch is cache row b. `cols_B` is
+        `cols` as a tensor. `mask_B_V` says which of the first `visible` columns each row
+        attends to (None: all of them).
         """
         self._refresh()
         batch = ids_B.shape[0]
@@ -178,20 +179,26 @@ class LeanDecoder:
         cos = self._cos[cols_B][:, None, :]
         sin = self._sin[cols_B][:, None, :]
         rows_B = torch.arange(batch, device=ids_B.device)
-        mask = None if mask_B_V is None else mask_B_V[:, None, None, :]
+        mask = None
+        if mask_B_V is not None:
+            # Additive, made once: SDPA would turn a boolean mask into this in every layer.
+            mask = torch.zeros(mask_B_V.shape, dtype=self.dtype, device=mask_B_V.device)
+            mask = mask.masked_fill_(~mask_B_V, float("-inf"))[:, None, None, :]
         x = F.embedding(ids_B, self.embed)
-        for i, layer in enumerate(self.layers):
+        for layer, cache in zip(self.layers, caches, strict=True):
             qkv = layer.qkv(self._rms_norm(x, layer.norm_in)).view(batch, qk + kv, dim)
             both = qkv[:, :qk]
-            both = both * cos + both.roll(dim // 2, -1) * sin
-            k_cache, v_cache = keys[i], values[i]
-            k_cache[rows_B, :, cols_B] = both[:, heads:]
-            v_cache[rows_B, :, cols_B] = qkv[:, qk:]
-            q = both[:, :heads].reshape(batch, kv, heads // kv, dim)
+            # Rotated keys go back next to the values: one cache write for both.
+            qkv[:, :qk] = both * cos + both.roll(dim // 2, -1) * sin
+            if batch == 1:
+                cache[0, :, cols[0]] = qkv[0, heads:]  # plain slicing: cheaper than index_put
+            else:
+                cache[rows_B, :, cols_B] = qkv[:, heads:]
+            q = qkv[:, :heads].reshape(batch, kv, heads // kv, dim)
             attn = F.scaled_dot_product_attention(
                 q,
-                k_cache[:batch, :, :visible],
-                v_cache[:batch, :, :visible],
+                cache[:batch, :kv, :visible],
+                cache[:batch, kv:, :visible],
                 attn_mask=mask,
                 scale=self.scaling,
             )

@@ -102,14 +102,17 @@ class _SlotLayer(CacheLayerMixin):
     def __init__(self, plan: _Plan) -> None:
         super().__init__()
         self._plan = plan
+        self.both: torch.Tensor | None = None
+        """[rows, 2 * kv_heads, columns, head_dim]: `keys` and `values` are its two halves."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Allocate (or grow) the buffers to the plan's capacity, keeping what they hold."""
         _, heads, _, dim = key_states.shape
-        shape = (self._plan.rows_cap, heads, self._plan.cols_cap, dim)
+        # Keys and values are two halves of one buffer, so a decode step writes both in one copy.
+        shape = (self._plan.rows_cap, 2 * heads, self._plan.cols_cap, dim)
         old_k, old_v = self.keys, self.values
-        self.keys = key_states.new_zeros(shape)
-        self.values = value_states.new_zeros(shape)
+        self.both = key_states.new_zeros(shape)
+        self.keys, self.values = self.both[:, :heads], self.both[:, heads:]
         if old_k is not None and old_v is not None:
             r, c = old_k.shape[0], old_k.shape[2]
             self.keys[:r, :, :c] = old_k
@@ -207,19 +210,19 @@ class SlotKVCache(Cache):
         for layer in self._slots:
             layer.move_row(src, dst, length)
 
-    def buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Every layer's key and value buffers, grown to the planned capacity first."""
+    def buffers(self) -> list[torch.Tensor]:
+        """Every layer's key+value buffer (see `_SlotLayer.both`), grown to the plan first."""
         plan = self._plan
         for layer in self._slots:
             assert layer.keys is not None and layer.values is not None  # a prefill made them
             if layer.keys.shape[0] < plan.rows_cap or layer.keys.shape[2] < plan.cols_cap:
                 layer.lazy_initialization(layer.keys, layer.values)
-        return [x.keys for x in self._slots], [x.values for x in self._slots]  # type: ignore[misc]
+        return [x.both for x in self._slots]  # type: ignore[misc]
 
     def clear(self) -> None:
         """Free every buffer (the batch is empty)."""
         for layer in self._slots:
-            layer.keys = layer.values = None
+            layer.keys = layer.values = layer.both = None
             layer.is_initialized = False
         self._plan.rows_cap = self._plan.cols_cap = 0
 
@@ -236,6 +239,9 @@ class _Sequence:
     submitted: float
     emit: Callable[[TokenChunk | BaseException], None] = lambda item: None
     """Hands an item to the caller's event loop (set once that loop is known)."""
+    loop: asyncio.AbstractEventLoop | None = None
+    queue: asyncio.Queue[TokenChunk | BaseException] | None = None
+    """The caller's loop and queue, for handing over a whole step's tokens at once."""
     output: list[int] = field(default_factory=list)
     cached: int = 0
     """KV columns filled (prompt + all sampled tokens but the last)."""
@@ -430,6 +436,7 @@ class LocalEngine:
         queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
         seq = self._new_sequence(request)
         seq.emit = _emitter(loop, queue, seq)
+        seq.loop, seq.queue = loop, queue
         with self._wakeup:
             if self._closing:
                 raise EngineError("the engine is closed")
@@ -585,12 +592,13 @@ class LocalEngine:
         self._cache.reserve(len(rows), visible)
         ids_B = torch.tensor([s.last for s in rows], device=self.device)
         if self.lean is not None:
-            keys, values = self._cache.buffers()
             # Rows of equal length see every column: no mask, the cheaper attention path.
             mask_B_V = None
             if min(cached) != visible - 1:
                 mask_B_V = self._columns[None, :visible] <= cols_B[:, None]
-            logits_B_V = self.lean.step(ids_B, cols_B, keys, values, visible, mask_B_V)
+            logits_B_V = self.lean.step(
+                ids_B, cols_B, self._cache.buffers(), visible, mask_B_V, cached
+            )
         else:
             self._cache.plan_decode(cols_B, visible)
             mask_B_V = self._columns[None, :visible] <= cols_B[:, None]
@@ -612,6 +620,7 @@ class LocalEngine:
         picked = sample(logits_B_V, [s.row for s in seqs], self._shared_generator)
         now = time.perf_counter()
         version = self._version
+        chunks: list[tuple[_Sequence, TokenChunk]] = []
         for i, s in enumerate(seqs):
             token = picked.token_ids[i]
             s.output.append(token)
@@ -622,18 +631,18 @@ class LocalEngine:
             tops = None
             if s.row.top_logprobs > 0:
                 tops = [[TopLogprob(t, lp) for t, lp in picked.top_logprobs[i]]]
-            s.emit(
-                TokenChunk(
-                    ids=[token],
-                    logprobs=[picked.logprobs[i]],
-                    versions=[version],
-                    top_logprobs=tops,
-                    finish_reason=finish,
-                    stop_string=stop_string,
-                    timings=s.timings(now) if finish is not None else None,
-                )
+            chunk = TokenChunk(
+                ids=[token],
+                logprobs=[picked.logprobs[i]],
+                versions=[version],
+                top_logprobs=tops,
+                finish_reason=finish,
+                stop_string=stop_string,
+                timings=s.timings(now) if finish is not None else None,
             )
+            chunks.append((s, chunk))
             s.done = finish is not None
+        _emit_all(chunks)
 
     def _retire(self) -> None:
         """Remove finished and abandoned rows, filling holes with rows from the end."""
@@ -695,6 +704,32 @@ def _emitter(
             seq.aborted = True
 
     return emit
+
+
+def _emit_all(chunks: list[tuple[_Sequence, TokenChunk]]) -> None:
+    """Hand one step's chunks over with one wake-up per event loop, not one per sequence.
+
+    Each `call_soon_threadsafe` writes to the loop's wake-up pipe: at batch 32 that was 32
+    system calls and as many loop wake-ups per decode step.
+    """
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Sequence, TokenChunk]]] = {}
+    for seq, chunk in chunks:
+        if seq.loop is None:
+            seq.emit(chunk)
+        else:
+            by_loop.setdefault(seq.loop, []).append((seq, chunk))
+    for loop, mine in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, mine)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+            for seq, _ in mine:
+                seq.aborted = True
+
+
+def _put_all(chunks: list[tuple[_Sequence, TokenChunk]]) -> None:
+    for seq, chunk in chunks:
+        assert seq.queue is not None
+        seq.queue.put_nowait(chunk)
 
 
 def _join(items: list[TokenChunk | BaseException]) -> TokenChunk:
