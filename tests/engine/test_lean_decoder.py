@@ -1,0 +1,63 @@
+"""LeanDecoder against the model's own forward: same tokens, same logprobs, same weight updates."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from relayrl.engine.decoder import LeanDecoder
+from relayrl.engine.local import LocalEngine
+from relayrl.types import GenerateOutput, GenerateRequest, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Hi", "Explain in one sentence why the sky is blue.", "List two colours, then stop."]
+
+
+async def run(engine: LocalEngine, lengths: list[int]) -> list[GenerateOutput]:
+    """The prompts together (rows of different lengths: masked attention), greedy and sampled."""
+    reqs = []
+    for i, (text, n) in enumerate(zip(PROMPTS, lengths, strict=True)):
+        rendered = engine.tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+        ids = engine.tokenizer.encode(rendered, add_special_tokens=False)
+        params = SamplingParams(max_new_tokens=n, temperature=0.8 * (i % 2), seed=i)
+        reqs.append(GenerateRequest(ids, params))
+    return list(await asyncio.gather(*map(engine.generate, reqs)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+async def test_lean_decode_gives_the_model_forwards_tokens_and_logprobs(
+    model_dir: str, dtype: str
+) -> None:
+    lean = LocalEngine(model_dir, dtype=dtype, max_context=256, num_threads=1)
+    plain = LocalEngine(model_dir, dtype=dtype, max_context=256, num_threads=1, lean_decode=False)
+    try:
+        assert lean.lean is not None and plain.lean is None
+        lengths = [20, 7, 13]
+        a, b = await run(lean, lengths), await run(plain, lengths)
+        # In-place new weights reach the fused products (and the old ones come back).
+        name = "model.layers.1.self_attn.k_proj.weight"
+        saved = lean.model.state_dict()[name].clone()
+        noisy = {name: saved + 0.05 * torch.randn_like(saved)}
+        await asyncio.gather(lean.update_weights(noisy), plain.update_weights(noisy))
+        a2, b2 = await run(lean, lengths), await run(plain, lengths)
+        await lean.update_weights({name: saved})
+        a3 = await run(lean, lengths)
+    finally:
+        await asyncio.gather(lean.aclose(), plain.aclose())
+    assert [o.output_ids for o in a] == [o.output_ids for o in b]
+    assert [o.output_ids for o in a2] == [o.output_ids for o in b2]
+    assert [o.output_ids for o in a3] == [o.output_ids for o in a]
+    for x, y in zip([*a, *a2], [*b, *b2], strict=True):
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) <= 1e-4
+    assert any(x.logprobs != y.logprobs for x, y in zip(a2, a, strict=True))
+
+
+def test_architectures_it_does_not_reproduce_keep_the_models_forward() -> None:
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=32)
+    assert LeanDecoder.build(GPT2LMHeadModel(config).eval(), packed=False) is None
