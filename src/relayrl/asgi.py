@@ -78,8 +78,8 @@ class EventStream(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         streaming = asyncio.current_task()
         assert streaming is not None  # ASGI apps run in a task
-        state = _StreamState()
-        watcher = asyncio.create_task(_watch_disconnect(receive, streaming, state))
+        state = StreamState()
+        watcher = asyncio.create_task(watch_disconnect(receive, streaming, state))
         try:
             await self.stream_response(send)
         except asyncio.CancelledError:
@@ -99,15 +99,18 @@ class EventStream(StreamingResponse):
 
 
 @dataclass
-class _StreamState:
+class StreamState:
+    """Where a streamed answer stands, shared with its disconnect watcher."""
+
     done: bool = False
     """The response went out whole (a disconnect seen after that changes nothing)."""
     client_left: bool = False
     """The watcher saw the client leave and cancelled the stream."""
 
 
-async def _watch_disconnect(receive: Receive, streaming: asyncio.Task[Any],
-                            state: _StreamState) -> None:
+async def watch_disconnect(receive: Receive, streaming: asyncio.Task[Any],
+                           state: StreamState) -> None:
+    """Cancel `streaming` when the client leaves before the answer went out whole."""
     # The body was read before streaming began, so what is left is the disconnect; the bound
     # only guards against a server that keeps sending other messages.
     for _ in range(1 << 16):

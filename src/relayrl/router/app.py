@@ -14,7 +14,8 @@ A relayed call takes the short way through: raw ASGI in and out (no Starlette re
 response objects), and the router's own keep-alive client (`upstream.py`) out to the gateway.
 Starlette serves the lifespan and the answers the router writes itself (errors, fan-outs).
 
-May import: starlette, httptools, relayrl.errors, relayrl.chat (error bodies), relayrl.router.
+May import: starlette, httptools, relayrl.errors, relayrl.asgi (stream disconnects), relayrl.chat (error
+bodies), relayrl.router.
 Never the gateway's internals (it talks to gateways over HTTP only), nor torch.
 """
 
@@ -37,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
+from relayrl.asgi import StreamState, watch_disconnect
 from relayrl.chat import wire_anthropic, wire_openai_chat
 from relayrl.errors import (
     AuthenticationFailed,
@@ -229,29 +231,6 @@ class _Whole(_Answer):
         await send({"type": "http.response.body", "body": self.body})
 
 
-@dataclass
-class _StreamState:
-    done: bool = False
-    """The answer went out whole (a disconnect seen after that changes nothing)."""
-    client_left: bool = False
-    """The watcher saw the client leave and cancelled the relay."""
-
-
-async def _watch_disconnect(receive: Receive, relaying: asyncio.Task[Any],
-                            state: _StreamState) -> None:
-    # The body was read before relaying began, so what is left is the disconnect; the bound
-    # only guards against a server that keeps sending other messages.
-    for _ in range(1 << 16):
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-    else:
-        return
-    if not state.done:
-        state.client_left = True
-        relaying.cancel()
-
-
 class _Stream(_Answer):
     """A gateway's SSE answer, relayed as its bytes arrive (what one socket read brought is
     one chunk). A gateway that breaks off mid-way gets an error frame in the route's format; a
@@ -267,10 +246,10 @@ class _Stream(_Answer):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         relaying = asyncio.current_task()
         assert relaying is not None  # ASGI apps run in a task
-        state = _StreamState()
+        state = StreamState()
         # one plain task listens for the client leaving (Starlette's StreamingResponse runs an
         # anyio task group per stream for that)
-        watcher = asyncio.create_task(_watch_disconnect(receive, relaying, state))
+        watcher = asyncio.create_task(watch_disconnect(receive, relaying, state))
         conn, whole = self.conn, False
         try:
             await send({"type": "http.response.start", "status": self.status,
