@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench_gateway import history  # the same conversations as the gateway benchmark
+
 ADMIN = "bench-admin-key-0123456789abcdef"
 REPLY = "The result is 42. " * 4
 """What both engines answer (as bench_gateway.py's FakeEngine does)."""
@@ -153,18 +155,6 @@ class Server:
     chat_path: str
     grant_capacity: bool  # AReaL: every session needs a capacity grant first
     sessions: list[str] = field(default_factory=list)
-
-
-def history(n_messages: int, last: str = "And what is 21 times 2?") -> list[dict]:
-    """A tool-free chat of n messages ending with the user turn `last` (as bench_gateway.py)."""
-    msgs = [{"role": "system", "content": "You are a careful assistant that answers briefly."}]
-    turn = 0
-    while len(msgs) < n_messages - 1:
-        msgs.append({"role": "user", "content": f"Question {turn}: what is {turn} plus {turn}?"})
-        msgs.append({"role": "assistant", "content": f"{turn} plus {turn} is {2 * turn}."})
-        turn += 1
-    msgs.append({"role": "user", "content": last})
-    return msgs[:n_messages]
 
 
 def body(messages: list[dict], stream: bool = False) -> bytes:
