@@ -504,3 +504,21 @@ def test_templates_named_in_tokenizer_config_are_picked_like_transformers_picks_
         messages, tools = CASES[case]
         assert r.render(to_conversation(messages, tools)) == hf_ids(hf, messages, tools, True)
     assert r.render_text(to_conversation(*CASES["tools_listed"])).startswith("tools:2:")
+
+
+def test_the_sandbox_fast_path_resolves_dict_attributes_as_jinjas_sandbox_does() -> None:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from relayrl.chat.renderer import compile_template
+
+    source = ("{{ m.role }}|{{ m.missing is defined }}|{{ m.items is defined }}|"
+              "{{ m.get('role') }}|{{ m.__class__ is defined }}|{{ m.keys | string }}|"
+              "{{ m.update is defined }}|{{ m.content or 'none' }}")
+    # `keys`, `items`, `update` are dict's own names: the attribute wins over the key, and the
+    # immutable sandbox hides mutators; `__class__` stays unsafe.
+    for m in ({"role": "user", "content": "hi"},
+              {"role": "tool", "items": "shadowed", "keys": 3, "update": 1, "content": None}):
+        ours = compile_template(source).render(m=m)
+        theirs = ImmutableSandboxedEnvironment().from_string(source).render(m=m)
+        assert ours == theirs
+    assert compile_template(source).render(m={"role": "user"}).startswith("user|False|True|user|")

@@ -152,10 +152,29 @@ class _GenerationTag(jinja2.ext.Extension):
         return caller()
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
+class _ChatSandbox(ImmutableSandboxedEnvironment):
+    """transformers' sandbox, with a fast path for `message.role` on the plain dicts we pass."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        """`obj.attribute` as the sandbox resolves it (a dict's key when dict has no such name)."""
+        # Templates spell `message.role`, which the sandbox resolves by trying the attribute,
+        # catching AttributeError and then indexing: half the render time of a long history.
+        # A dict instance has no attributes beyond its type's, so the result is the same.
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
+
 @functools.lru_cache(maxsize=64)
 def compile_template(source: str) -> jinja2.Template:
     """Compile a chat template in a sandbox configured like transformers' (cached per source)."""
-    env = ImmutableSandboxedEnvironment(
+    env = _ChatSandbox(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
