@@ -160,6 +160,63 @@ def _timed_h11_protocol(header_timeout_s: float, body_timeout_s: float) -> type[
     return TimedH11Protocol
 
 
+class _CoalescingTransport:
+    """A transport whose writes of one event-loop turn leave as one `write` (one TCP segment).
+
+    uvicorn writes a reply's head and body with two `transport.write` calls, and with Nagle off
+    each is its own segment: the client wakes twice and the server makes two send calls per
+    reply. Writes are gathered until the loop's next turn instead; everything but writing goes
+    straight to the real transport.
+    """
+
+    __slots__ = ("_loop", "_pending", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Queue `data`; it leaves with the other writes of this loop turn."""
+        if not data:
+            return
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(bytes(data))
+
+    def writelines(self, lines: Any) -> None:
+        """Queue each of `lines`."""
+        for data in lines:
+            self.write(data)
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and not self._transport.is_closing():
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def get_write_buffer_size(self) -> int:
+        """Bytes not yet sent, queued here or in the real transport."""
+        return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
+
+    def write_eof(self) -> None:
+        """Send what is queued, then half-close."""
+        self._flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        """Send what is queued, then close (the real transport sends its buffer first)."""
+        self._flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        """Drop what is queued and close at once."""
+        self._pending = []
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 def _timed_httptools_protocol(header_timeout_s: float,
                               body_timeout_s: float) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol with the same header and body timeouts as the h11 one."""
@@ -169,7 +226,8 @@ def _timed_httptools_protocol(header_timeout_s: float,
         _phase = "idle"  # idle (between requests), head, body, done (answering)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            coalescing = _CoalescingTransport(transport, self.loop)
+            super().connection_made(coalescing)  # type: ignore[arg-type]
             self._arm(header_timeout_s)  # a connection that never sends a byte
 
         def on_message_begin(self) -> None:
