@@ -43,7 +43,8 @@ async def test_lean_decode_gives_the_model_forwards_tokens_and_logprobs(
         # In-place new weights reach the fused products (and the old ones come back).
         name = "model.layers.1.self_attn.k_proj.weight"
         saved = lean.model.state_dict()[name].clone()
-        noisy = {name: saved + 0.05 * torch.randn_like(saved)}
+        noise = torch.randn(saved.shape, generator=torch.Generator().manual_seed(0))
+        noisy = {name: saved + 0.05 * noise.to(saved.dtype)}
         await asyncio.gather(lean.update_weights(noisy), plain.update_weights(noisy))
         a2, b2 = await run(lean, lengths), await run(plain, lengths)
         await lean.update_weights({name: saved})

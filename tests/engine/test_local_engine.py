@@ -392,7 +392,8 @@ async def test_default_dtype_engine_matches_its_own_forward_and_follows_weight_u
         # New weights reach the (prepacked) linear layers, and the old ones come back.
         name = "model.layers.0.mlp.down_proj.weight"
         saved = engine.model.state_dict()[name].clone()
-        await engine.update_weights({name: saved + 0.05 * torch.randn_like(saved)})
+        noise = torch.randn(saved.shape, generator=torch.Generator().manual_seed(0))
+        await engine.update_weights({name: saved + 0.05 * noise.to(saved.dtype)})
         changed = await engine.generate(request(prompt, max_new_tokens=12, temperature=0))
         await engine.update_weights({name: saved})
         restored = await engine.generate(request(prompt, max_new_tokens=12, temperature=0))

@@ -262,6 +262,7 @@ class _Run:
         """
         if not dataset:
             return None
+        started = time.perf_counter()
         batches: list[RowBatch] = []
         scores = await self._eval_pass(workflow, kwargs, dataset, batches)
         missing = [i for i in range(len(dataset)) if i not in scores]
@@ -280,7 +281,8 @@ class _Run:
         tools = "" if tool_rate is None else f", tool-call rate {tool_rate:.3f}"
         print(f"eval {tag}: mean reward {result.mean_reward:.3f} ± {stderr:.3f} over "
               f"{result.episodes} held-out episodes ({result.aborted} aborted and retried, "
-              f"{result.excluded} excluded){tools}", flush=True)
+              f"{result.excluded} excluded){tools}, {time.perf_counter() - started:.0f} s",
+              flush=True)
         return result
 
     async def _eval_pass(self, workflow: Any, kwargs: dict[str, Any] | None,
