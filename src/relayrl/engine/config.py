@@ -23,8 +23,11 @@ class EngineConfig:
     kind: str = "local"                  # local (in-process), vllm or sglang (HTTP servers)
     url: str | None = None               # a running server's root; vllm without one: start a managed server
     num_threads: int | None = None       # local: torch threads of the engine thread (None: cores - 1)
+    prefix_cache_mb: int = 512           # local: memory for finished sequences' KV, reused by prompts that start with them (0: off)
 
     def __post_init__(self) -> None:
+        if self.prefix_cache_mb < 0:
+            raise ConfigError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
         if self.kind not in TRAINING_ENGINES:
             raise ConfigError(f"engine kind {self.kind!r} is not one of {list(TRAINING_ENGINES)}")
         if self.kind == "sglang" and not self.url:

