@@ -663,13 +663,13 @@ class LocalEngine:
         first = len(self._rows)
         starts = [s.reuse[1] for s in seqs]  # type: ignore[index]
         lengths = [len(s.prompt) - n for s, n in zip(seqs, starts, strict=True)]
-        self._cache.reserve(first + len(seqs), max(len(s.prompt) for s in seqs) + 1)
+        visible = max(len(s.prompt) for s in seqs)  # columns attention reads in this pass
+        self._cache.reserve(first + len(seqs), visible + 1)
         for i, s in enumerate(seqs):
             entry = s.reuse[0]  # type: ignore[index]
             assert entry is not None
             self._cache.load_row(first + i, entry.kv, starts[i])
         self._cache.plan_extend(first, starts, lengths, width)
-        visible = self._cache._plan.visible
         starts_N = torch.tensor(starts)
         pads_N = width - torch.tensor(lengths)
         cols_W = torch.arange(width)
