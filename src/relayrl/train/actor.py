@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import inspect
 import math
 import time
 from collections.abc import Iterator
@@ -92,6 +94,16 @@ def bf16_copy(model: Any) -> Any:
         for p in twin.parameters():
             p.data = p.data.to(torch.bfloat16)
     return twin
+
+
+@functools.cache
+def _cache_kwarg_of(forward: Any) -> str:
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def _cache_kwarg(decoder: Any) -> str:
+    """The decoder's name for its KV cache argument (transformers 5.2x renamed it `cache`)."""
+    return _cache_kwarg_of(type(decoder).forward)
 
 
 class Actor:
@@ -172,9 +184,7 @@ class Actor:
         m_N, l_N = mb.target_m_N.to(self.device), mb.target_l_N.to(self.device)
         compute, head = self._runnable(model)
         with self._autocast():
-            hidden_M_L_H = compute.get_decoder()(
-                input_ids=ids_M_L, position_ids=mb.position_ids_M_L.to(self.device), use_cache=False
-            ).last_hidden_state
+            hidden_M_L_H = self._hidden(compute.get_decoder(), mb)
         hidden_N_H = hidden_M_L_H[m_N, l_N - 1]  # logits at t - 1 score token t
         if self.config.fp32_logits:
             with torch.autocast(self.device.type, enabled=False):
@@ -186,11 +196,30 @@ class Actor:
         targets_N = ids_M_L[m_N, l_N]
         return logits_N_V.gather(-1, targets_N[:, None])[:, 0] - logits_N_V.logsumexp(-1)
 
+    def _hidden(self, decoder: Any, mb: MicroBatch) -> torch.Tensor:
+        """The decoder's last hidden states `[M, L, H]` of the micro-batch's rows."""
+        ids_M_L = mb.input_ids_M_L.to(self.device)
+        positions_M_L = mb.position_ids_M_L.to(self.device)
+        if mb.prefix_ids_P is None:
+            return decoder(input_ids=ids_M_L, position_ids=positions_M_L,
+                           use_cache=False).last_hidden_state
+        # The common prefix runs once, with grad; its keys and values, repeated per row, are the
+        # rows' past, so each row's gradient reaches the prefix's weights through that one pass.
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        prefix_1_P = mb.prefix_ids_P.to(self.device)[None]
+        decoder(input_ids=prefix_1_P, position_ids=torch.arange(mb.prefix_len,
+                device=self.device)[None], use_cache=True, **{_cache_kwarg(decoder): cache})
+        cache.batch_repeat_interleave(ids_M_L.shape[0])
+        return decoder(input_ids=ids_M_L, position_ids=positions_M_L, use_cache=True,
+                       **{_cache_kwarg(decoder): cache}).last_hidden_state
+
     def micro_batches(self, batch: TrainBatch) -> list[MicroBatch]:
-        """The batch split as this actor's config says (budget, packing, length buckets)."""
+        """The batch split as this actor's config says (budget, packing, buckets, prefixes)."""
         cfg = self.config
         return micro_batches(batch, cfg.micro_batch_tokens, cfg.packing,
-                             bucket=cfg.length_bucket)
+                             bucket=cfg.length_bucket, share_prefix=cfg.share_prefix)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch, model: Any = None) -> torch.Tensor:

@@ -12,6 +12,15 @@ Two layouts, both exact (a test checks each against one-row-at-a-time logprobs):
   back to the dense kernel and was measured 2-5x slower than `pad` (SmolLM2, 2048 tokens of 8
   rows: 16 s vs 3 s for fwd+bwd), hence `pad` by default.
 
+`pad` with `share_prefix` (the default in `TrainConfig`): rows that start with the same tokens
+(an agent's episodes: one system prompt and tool list, and in a GRPO group one question) are cut
+into that common prefix and their own suffixes. The prefix runs once; its keys and values,
+repeated per row, are the suffixes' past, and every row's gradient flows back through the one
+prefix pass, so the result is the full rows' (fp32: logprobs within 1e-4, gradients 1e-5
+relative; tested). The plan is used when it processes fewer tokens than plain `pad`. The prefix
+stops before the token that precedes a row's first trained token (that position's output is
+read), so it never holds a trained position.
+
 Rows without a trained token are skipped (no forward at all), so dropped groups cost nothing,
 and a row's tokens after its last trained one are not forwarded (nothing reads them). In `pad`,
 a micro-batch's length rounds up to a multiple of `bucket` (the padded budget counts the rounded
@@ -209,11 +218,19 @@ class MicroBatch:
     """Flat index `b * T + t` of each trained token in the `[B, T]` batch."""
     rows: tuple[int, ...]
     """Batch rows in this micro-batch."""
+    prefix_ids_P: torch.Tensor | None = None
+    """Tokens every row starts with, run once; the rows' ids, positions and `target_l_N` then
+    count from the end of it (`position_ids_M_L` starts at P)."""
+
+    @property
+    def prefix_len(self) -> int:
+        """Length of the shared prefix (0 when there is none)."""
+        return 0 if self.prefix_ids_P is None else int(self.prefix_ids_P.numel())
 
     @property
     def num_tokens(self) -> int:
-        """Tokens the forward pass processes, padding included."""
-        return int(self.input_ids_M_L.numel())
+        """Tokens the forward passes process, padding and the shared prefix (once) included."""
+        return int(self.input_ids_M_L.numel()) + self.prefix_len
 
     def take(self, values_B_T: torch.Tensor) -> torch.Tensor:
         """The trained tokens' entries of a `[B, T]` tensor, as a flat `[N]` vector."""
@@ -255,13 +272,62 @@ def bucketed(length: int, bucket: int) -> int:
     return -(-length // bucket) * bucket
 
 
+MIN_SHARED_PREFIX = 32
+"""A common prefix shorter than this is not run separately (a second pass costs more)."""
+
+
+def common_prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many leading tokens two id vectors share."""
+    n = min(len(a), len(b))
+    differ = (a[:n] != b[:n]).nonzero()
+    return int(differ[0]) if len(differ) else n
+
+
+def plan_shared_prefix(
+    rows: Sequence[torch.Tensor], first: Sequence[int], max_tokens: int, bucket: int
+) -> list[tuple[list[int], int]]:
+    """Rows grouped into micro-batches that run their common prefix once: `(rows, prefix)`.
+
+    `rows[i]` are row i's ids up to its last trained token and `first[i]` its first trained
+    position; a prefix stops at `first - 1` (that position's output scores the first trained
+    token). Rows in token order, so rows with long common prefixes are neighbours (the common
+    prefix of a run of sorted rows is that of its first and last); a row joins the current
+    micro-batch while prefix + rows x bucketed suffix stays within `max_tokens`.
+    """
+
+    def cost(n: int, prefix: int, longest: int) -> int:
+        return prefix + n * bucketed(longest - prefix, bucket)
+
+    def worth(prefix: int) -> int:
+        return prefix if prefix >= MIN_SHARED_PREFIX else 0
+
+    order = sorted(range(len(rows)), key=lambda i: rows[i].tolist())
+    plans: list[tuple[list[int], int]] = []
+    group: list[int] = []
+    prefix = longest = 0
+    for i in order:
+        if group:
+            joint = min(prefix, common_prefix_len(rows[group[0]], rows[i]), first[i] - 1)
+            joint_longest = max(longest, len(rows[i]))
+            if cost(len(group) + 1, worth(joint), joint_longest) <= max_tokens:
+                group.append(i)
+                prefix, longest = joint, joint_longest
+                continue
+            plans.append((group, worth(prefix) if len(group) > 1 else 0))
+        group, prefix, longest = [i], first[i] - 1, len(rows[i])
+    if group:
+        plans.append((group, worth(prefix) if len(group) > 1 else 0))
+    return plans
+
+
 def micro_batches(
     batch: TrainBatch, max_tokens: int, packing: str, mask_B_T: torch.Tensor | None = None,
-    bucket: int = 1,
+    bucket: int = 1, share_prefix: bool = False,
 ) -> list[MicroBatch]:
     """The batch's rows that have trained tokens (per `mask_B_T`, default the loss mask), split.
 
-    Rows are cut after their last trained token; in `pad`, lengths round up to `bucket`.
+    Rows are cut after their last trained token; in `pad`, lengths round up to `bucket`, and
+    with `share_prefix` rows run their common prefix once when that processes fewer tokens.
     """
     mask_B_T = batch.loss_mask_B_T if mask_B_T is None else mask_B_T.bool()
     t = mask_B_T.shape[1]
@@ -275,32 +341,47 @@ def micro_batches(
     else:
         planned = [needed[b] for b in live]
     plans = plan_micro_batches(planned, max_tokens, packing)
-    if packing == "pad":
-        return [_build_padded(batch, mask_B_T, [live[i] for i in plan],
-                              max(planned[i] for i in plan)) for plan in plans]
-    return [_build_packed(batch, mask_B_T, [live[i] for i in plan], needed) for plan in plans]
+    if packing != "pad":
+        return [_build_packed(batch, mask_B_T, [live[i] for i in plan], needed) for plan in plans]
+    padded = [([live[i] for i in plan], 0) for plan in plans]
+    if share_prefix and len(live) > 1:
+        first_B = torch.where(mask_B_T, torch.arange(t), t).amin(-1).tolist()
+        shared = plan_shared_prefix([batch.input_ids_B_T[b, :needed[b]] for b in live],
+                                    [int(first_B[b]) for b in live], max_tokens, bucket)
+        shared = [([live[i] for i in plan], prefix) for plan, prefix in shared]
+
+        def total(plan: list[tuple[list[int], int]]) -> int:
+            return sum(p + len(rows) * bucketed(max(needed[b] for b in rows) - p, bucket)
+                       for rows, p in plan)
+
+        if total(shared) < total(padded):
+            padded = shared
+    return [_build_padded(batch, mask_B_T, rows, prefix,
+                          bucketed(max(needed[b] for b in rows) - prefix, bucket))
+            for rows, prefix in padded]
 
 
 def _build_padded(
-    batch: TrainBatch, mask_B_T: torch.Tensor, rows: list[int], length: int
+    batch: TrainBatch, mask_B_T: torch.Tensor, rows: list[int], prefix: int, length: int
 ) -> MicroBatch:
     index = torch.tensor(rows, dtype=torch.long)
     t = batch.input_ids_B_T.shape[1]
-    real = min(length, t)
-    mask_M_L = mask_B_T[index, :real]
+    real = min(prefix + length, t)
+    mask_M_L = mask_B_T[index, prefix:real]
     target_m_N, target_l_N = mask_M_L.nonzero(as_tuple=True)
-    ids_M_L = batch.input_ids_B_T[index, :real]
-    if length > real:  # the bucket is longer than the batch: pad further (id 0, never read)
-        ids_M_L = torch.nn.functional.pad(ids_M_L, (0, length - real))
+    ids_M_L = batch.input_ids_B_T[index, prefix:real]
+    if prefix + length > real:  # the bucket is longer than the batch: pad further (id 0, never read)
+        ids_M_L = torch.nn.functional.pad(ids_M_L, (0, prefix + length - real))
     # Pads keep counting positions (no restart), so transformers sees no packing and uses the
     # plain causal kernel; pads come after every real token, so no real token attends to one.
     return MicroBatch(
         input_ids_M_L=ids_M_L,
-        position_ids_M_L=torch.arange(length).expand(len(rows), length),
+        position_ids_M_L=torch.arange(prefix, prefix + length).expand(len(rows), length),
         target_m_N=target_m_N,
         target_l_N=target_l_N,
-        source_N=index[target_m_N] * t + target_l_N,
+        source_N=index[target_m_N] * t + target_l_N + prefix,
         rows=tuple(rows),
+        prefix_ids_P=batch.input_ids_B_T[rows[0], :prefix] if prefix else None,
     )
 
 

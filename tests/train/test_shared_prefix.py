@@ -1,0 +1,126 @@
+"""Shared prefixes: rows that start alike (an agent's episodes) run their common prefix once, and
+the logprobs, gradients and updated weights are those of the full rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relayrl.train.actor import Actor
+from relayrl.train.advantages import compute_advantages
+from relayrl.train.config import TrainConfig
+from relayrl.train.packing import (
+    MIN_SHARED_PREFIX,
+    TrainBatch,
+    micro_batches,
+    plan_shared_prefix,
+)
+
+from .conftest import random_batch
+
+SYSTEM, QUESTION = 40, 6
+
+
+def agent_batch(vocab: int, groups: int = 2, per_group: int = 3, seed: int = 0) -> TrainBatch:
+    """Rows shaped like GRPO groups of agent episodes: one system prompt for every row, one
+    question per group, then each episode's own replies (trained) and tool results (not)."""
+    g = torch.Generator().manual_seed(seed)
+    system = torch.randint(0, vocab, (SYSTEM,), generator=g)
+    rows, trained = [], []
+    for _ in range(groups):
+        question = torch.randint(0, vocab, (QUESTION,), generator=g)
+        for _ in range(per_group):
+            n = int(torch.randint(12, 30, (), generator=g))
+            rest = torch.randint(0, vocab, (n,), generator=g)
+            rows.append(torch.cat([system, question, rest]))
+            mask = torch.zeros(len(rows[-1]), dtype=torch.bool)
+            mask[SYSTEM + QUESTION:] = True
+            mask[SYSTEM + QUESTION + n // 2: SYSTEM + QUESTION + n // 2 + 4] = False  # a tool result
+            trained.append(mask)
+    b, t = len(rows), max(len(r) for r in rows)
+    ids = torch.zeros(b, t, dtype=torch.long)
+    attention = torch.zeros(b, t, dtype=torch.bool)
+    loss = torch.zeros(b, t, dtype=torch.bool)
+    for i, (r, m) in enumerate(zip(rows, trained, strict=True)):
+        ids[i, :len(r)], attention[i, :len(r)], loss[i, :len(r)] = r, True, m
+    return TrainBatch(
+        input_ids_B_T=ids, attention_mask_B_T=attention, loss_mask_B_T=loss,
+        behav_logprobs_B_T=torch.full((b, t), -2.0) * loss,
+        versions_B_T=torch.zeros(b, t, dtype=torch.long),
+        rewards_B=torch.tensor([float(i % 2) for i in range(b)]),
+        episode_ids=tuple(f"e{i}" for i in range(b)),
+        group_ids=tuple(f"g{i // per_group}" for i in range(b)),
+    )
+
+
+def test_rows_of_one_prompt_share_it_and_groups_share_the_system_prompt() -> None:
+    batch = agent_batch(vocab=1000)
+    # A budget for all six rows: one pass over the system prompt (the groups' questions differ).
+    (mb,) = micro_batches(batch, 400, "pad", share_prefix=True)
+    assert mb.prefix_len == SYSTEM and sorted(mb.rows) == list(range(6))
+    assert torch.equal(mb.prefix_ids_P, batch.input_ids_B_T[0, :SYSTEM])
+    # A budget for one group at a time: each group's pass covers its question too, but stops
+    # before the position whose output scores the first trained token.
+    mbs = micro_batches(batch, 140, "pad", share_prefix=True)
+    assert sorted(sorted(mb.rows) for mb in mbs) == [[0, 1, 2], [3, 4, 5]]
+    assert [mb.prefix_len for mb in mbs] == [SYSTEM + QUESTION - 1] * 2
+    for mb in mbs:
+        assert mb.num_tokens <= 140
+        assert mb.num_tokens == mb.prefix_len + mb.input_ids_M_L.numel()
+        assert torch.equal(mb.position_ids_M_L[:, 0], torch.full((3,), mb.prefix_len))
+        # Every trained token is where the batch has it, counted from the end of the prefix.
+        assert torch.equal(mb.input_ids_M_L[mb.target_m_N, mb.target_l_N],
+                           mb.take(batch.input_ids_B_T))
+        assert int(mb.target_l_N.min()) >= 1
+    covered = torch.cat([mb.source_N for mb in mbs]).sort().values
+    assert torch.equal(covered, batch.loss_mask_B_T.reshape(-1).nonzero()[:, 0])
+
+
+def test_rows_without_a_long_common_prefix_are_padded_as_before() -> None:
+    batch = random_batch([23, 7, 16, 30, 11, 4], vocab=100)
+    shared = micro_batches(batch, 48, "pad", share_prefix=True)
+    plain = micro_batches(batch, 48, "pad")
+    assert [mb.rows for mb in shared] == [mb.rows for mb in plain]
+    assert all(mb.prefix_ids_P is None for mb in shared)
+
+
+def test_a_prefix_shorter_than_the_minimum_or_a_single_row_is_not_split() -> None:
+    base = torch.arange(100)
+    rows = [base[:60], torch.cat([base[:MIN_SHARED_PREFIX - 1], base[:29] + 200])]
+    assert plan_shared_prefix(rows, [50, 50], 1000, 1) == [([0, 1], 0)]
+    assert plan_shared_prefix([base[:60]], [50], 1000, 1) == [([0], 0)]
+    # Trained from position 40 on: the shared part stops at 39 even though 60 tokens agree.
+    assert plan_shared_prefix([base[:60], base[:60]], [40, 45], 1000, 1) == [([0, 1], 39)]
+
+
+@pytest.mark.parametrize("model_fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])
+def test_shared_prefix_logprobs_gradients_and_step_equal_the_full_rows(
+    model_fixture: str, request: pytest.FixtureRequest
+) -> None:
+    path = request.getfixturevalue(model_fixture)
+    # A large Adam epsilon: on gradients near 0 Adam's first step is sign(g) * lr, which would
+    # turn float noise between two equal gradients into full-size differences.
+    cfg = TrainConfig(micro_batch_tokens=140, bf16=False, lr=1e-3, adam_eps=1e-3,
+                      length_bucket=1)
+    full, shared = (Actor(path, TrainConfig(**{**cfg.__dict__, "share_prefix": s}))
+                    for s in (False, True))
+    batch = agent_batch(vocab=full.model.config.vocab_size, seed=2)
+    assert all(mb.prefix_len > 0 for mb in shared.micro_batches(batch))
+    assert all(mb.prefix_len == 0 for mb in full.micro_batches(batch))
+    assert torch.allclose(shared.compute_logprobs(batch), full.compute_logprobs(batch), atol=1e-5)
+
+    # A loss that weighs each token differently, by where it sits in the batch.
+    weights_B_T = torch.linspace(-1, 1, batch.loss_mask_B_T.numel()).view_as(batch.loss_mask_B_T)
+    grads = []
+    for actor in (full, shared):
+        for mb in actor.micro_batches(batch):
+            (actor.token_logprobs(actor.model, mb) * mb.take(weights_B_T)).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in actor.model.parameters()]))
+        actor.model.zero_grad(set_to_none=True)
+    assert float((grads[1] - grads[0]).norm() / grads[0].norm()) < 1e-5
+
+    adv_B_T = compute_advantages(batch, cfg).adv_B_T
+    for actor in (full, shared):
+        actor.update(batch, adv_B_T)
+    for a, b in zip(full.model.parameters(), shared.model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-7), (a - b).abs().max()
