@@ -75,3 +75,32 @@ def test_engine_threads_count_in_process_engines_only(model_dir: str) -> None:
     assert engine_threads(FakeEngine(["x"], tokenizer_path=model_dir)) == 0
     assert engine_threads(Local(1)) == 1  # type: ignore[arg-type]
     assert engine_threads(AllEngines([Local(1), Local(2)])) == 3  # type: ignore[list-item]
+
+
+def test_every_update_of_a_run_runs_on_one_thread_with_its_phases_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # glibc keeps a thread's freed blocks in that thread's arena: updates hopping between pool
+    # workers each left an update's worth of memory behind, so a run uses one update thread.
+    monkeypatch.setattr(trainer, "usable_cores", lambda: 2)
+    run = trainer._Run(RelayConfig(), actor=None, services=Services(1))  # type: ignore[arg-type]
+    before = torch.get_num_threads()
+
+    def where() -> tuple[int, int]:
+        return threading.get_ident(), torch.get_num_threads()
+
+    async def phases() -> list[tuple[int, int]]:
+        # other work on the default pool keeps its workers busy meanwhile
+        busy = [asyncio.to_thread(threading.Event().wait, 0.05) for _ in range(4)]
+        seen = [await run.off_loop("sft", where)]
+        seen += await asyncio.gather(*(run.off_loop("rl", where) for _ in range(4)), *busy)
+        return seen[:5]
+
+    try:
+        seen = asyncio.run(phases())
+    finally:
+        run.update_thread.shutdown(wait=True)
+        torch.set_num_threads(before)
+    assert len({ident for ident, _ in seen}) == 1
+    assert threading.get_ident() not in {ident for ident, _ in seen}
+    assert [n for _, n in seen] == [2, 1, 1, 1, 1]

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -160,6 +162,7 @@ class PPOTrainer:
                                                          f"at step {actor.step}"))
             after = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "after RL")
         finally:
+            run.update_thread.shutdown(wait=False)
             await run.services.aclose()
         if isinstance(actor, DistributedActor):
             actor.stop_followers()  # (on an error the launcher stops them instead)
@@ -194,11 +197,22 @@ def _in_threads(threads: int, fn: Callable[..., Any], *args: Any) -> Any:
     """`fn(*args)` with `threads` torch threads in this (worker) thread.
 
     OpenMP's thread count is per thread, and a thread started after another one set it (the
-    engine sets 1 for its own) starts with that count: without this, asyncio.to_thread's workers
-    ran every update on one thread whatever the machine had.
+    engine sets 1 for its own) starts with that count: without this, the update thread ran every
+    update on one thread whatever the machine had.
     """
     torch.set_num_threads(threads)
     return fn(*args)
+
+
+def _update_thread() -> ThreadPoolExecutor:
+    """The one thread every SFT and RL update of a run runs on.
+
+    glibc serves each thread from its own heap arena and keeps freed blocks there: with
+    `asyncio.to_thread`'s pool an update ran on whichever worker was free, and every worker's
+    arena could keep an update's worth of freed activations. One thread reuses one arena, and
+    its OpenMP team is made once.
+    """
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="relayrl-update")
 
 
 def _seed_everything(seed: int) -> None:
@@ -215,6 +229,12 @@ class _Run:
     services: Services
     workflow_counters: dict[str, float] = field(default_factory=dict)
     """The training controller's workflow counters as of the last batch."""
+    update_thread: ThreadPoolExecutor = field(default_factory=_update_thread)
+
+    async def off_loop(self, phase: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the update thread with the phase's torch threads; the loop runs on."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.update_thread, functools.partial(_in_threads, self.threads(phase), fn, *args))
 
     def threads(self, phase: str) -> int:
         """Torch threads for an SFT or RL update (`train.num_threads` unless None): every core
@@ -243,9 +263,8 @@ class _Run:
     async def warm_start(self, rows: Sequence[Any]) -> None:
         """SFT on recorded traces, then serve the warmed weights (the version stays 0)."""
         sft_log = MetricsLogger(self.cfg.log_dir / "sft", tensorboard=False)
-        await asyncio.to_thread(_in_threads, self.threads("sft"), run_sft, self.actor, rows,
-                                self.cfg.sft, self.cfg.seed,
-                                sft_log.log)
+        await self.off_loop("sft", run_sft, self.actor, rows, self.cfg.sft, self.cfg.seed,
+                            sft_log.log)
         sft_log.close()
         if isinstance(self.actor, DistributedActor):
             self.actor.sync_followers()  # SFT ran on rank 0 alone
@@ -348,8 +367,7 @@ class _Run:
         tb = TrainBatch.from_row_batch(batch.rows)
         adv = compute_advantages(tb, self.cfg.train)
         # rollouts keep sampling with the old weights while the update runs in a thread
-        metrics = await asyncio.to_thread(_in_threads, self.threads("rl"), self.actor.update,
-                                          adv.batch, adv.adv_B_T)
+        metrics = await self.off_loop("rl", self.actor.update, adv.batch, adv.adv_B_T)
         if metrics.get("n_tokens", 0) == 0:
             # No signal (every group uniform): no optimizer step, but the version moves on, or
             # the staleness rule (which admits by version) would never admit another batch.
