@@ -6,14 +6,13 @@ external agents, a remote engine) is a new launcher here.
 """
 
 from relayrl.launch.local import LocalLauncher, LocalServices
-from relayrl.launch.process import add_import_path, limit_heap_growth
+from relayrl.launch.process import add_import_path
 from relayrl.launch.run import make_launcher, run_from_config, train
 
 __all__ = [
     "LocalLauncher",
     "LocalServices",
     "add_import_path",
-    "limit_heap_growth",
     "make_launcher",
     "run_from_config",
     "train",

@@ -16,7 +16,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from relayrl.config import RelayConfig, dump_config, load_config
-from relayrl.launch.process import limit_heap_growth
 from relayrl.service.launcher import ServiceLauncher, ensure_admin_key
 from relayrl.train.trainer import PPOTrainer, TrainResult
 
@@ -35,7 +34,6 @@ def serve_from_config(path: str | Path | None, overrides: Sequence[str] = ()) ->
 
 async def serve(cfg: RelayConfig) -> TrainResult:
     """Run the service in the current event loop until `SIGINT`/`SIGTERM`."""
-    limit_heap_growth()
     dump_config(cfg, cfg.run_dir / "config.yaml")
     launcher = ServiceLauncher(cfg)
     loop = asyncio.get_running_loop()
