@@ -16,6 +16,10 @@ Measured, with torch on 2 threads, on the default model:
      default path with `train.compile=true` (its warm-up round compiles).
   1b. Where an update goes, per path: forward alone (no grad), forward + backward, and grad
      clip + AdamW step (+ refreshing the bf16 copy), each the best of the same rounds.
+  1c. Shared prefixes: 16 rows of the same lengths shaped like GRPO groups of agent episodes
+     (every row starts with one 313-token system prompt with tool schemas, each group of 8
+     with its own 20-token question, then a tool call, its result and an answer), updated with `share_prefix` off (each row runs its whole
+     prompt) and on (a micro-batch runs its rows' common prefix once), interleaved.
   2. The same 5-turn episodes exported both ways: `concat` (one row per episode, the model's
      own samples trained in place) and `individual` (one row per call, each repeating the whole
      prefix). Sessions are built as the gateway builds them (`Session.locate`, extended prompt,
@@ -112,6 +116,36 @@ def synthetic_row(i: int, length: int, vocab: int, rng: random.Random) -> Trajec
         turn_spans=spans,
         turn_rewards=[float(i % 2)] * n_turns,
     )
+
+
+SYSTEM, QUESTION, GROUP, CALL = 313, 20, 8, 35
+"""Part 1c: a shared system prompt, a question per group (333 prompt tokens, as `PROMPT`), rows
+per group, and the sampled tokens of an episode's first call (a tool call)."""
+
+
+def agent_batch(rows: int, vocab: int, seed: int = 0) -> TrainBatch:
+    """Rows of 399-472 tokens: the shared system prompt, the group's question, a tool call, a
+    tool result (`GLUE` tokens) and an answer of the rest; the two replies are trained."""
+    rng = random.Random(seed)
+    system = [rng.randrange(vocab) for _ in range(SYSTEM)]
+    out = []
+    for i in range(rows):
+        if i % GROUP == 0:
+            question = [rng.randrange(vocab) for _ in range(QUESTION)]
+        length = rng.randint(399, 472)
+        answer = length - SYSTEM - QUESTION - CALL - GLUE
+        mask = [0] * (SYSTEM + QUESTION) + [1] * CALL + [0] * GLUE + [1] * answer
+        start = SYSTEM + QUESTION
+        out.append(TrajectoryRow(
+            session_id=f"ep{i}", task_id=f"task{i // GROUP}", segment_id=f"seg{i}",
+            style="concat", interaction_ids=[f"c{i}-0", f"c{i}-1"],
+            input_ids=system + question + [rng.randrange(vocab) for _ in range(length - start)],
+            loss_mask=mask, logprobs=[-1.0 * m for m in mask],
+            versions=[0 if m else -1 for m in mask], reward=float(i % 2),
+            turn_spans=[(start, start + CALL), (start + CALL + GLUE, length)],
+            turn_rewards=[float(i % 2)] * 2,
+        ))
+    return TrainBatch.from_rows(out)
 
 
 def synthetic_batch(rows: int, vocab: int, seed: int = 0) -> TrainBatch:
@@ -347,7 +381,7 @@ def packing_table(concat: Result, indiv: Result) -> list[str]:
 
 def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
            params: tuple[int, int], parts: dict[str, dict[str, float]],
-           packing: tuple[Result, Result] | None) -> str:
+           shared: list[Result], packing: tuple[Result, Result] | None) -> str:
     """The RESULTS.md section."""
     body, head = params
     lines = [
@@ -388,6 +422,26 @@ def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
         "",
         *breakdown_table(parts),
     ]
+    if shared:
+        off, on = shared
+        lines += [
+            "",
+            "### Shared prefixes: agent episodes of GRPO groups",
+            "",
+            f"{on.rows} rows of 399-472 tokens shaped like the main job's episodes: one "
+            f"{SYSTEM}-token system prompt (tool schemas) for every row, a {QUESTION}-token "
+            f"question per group of {GROUP}, then a {CALL}-token tool call, {GLUE} tokens of tool "
+            "result and template, and an answer of the rest (the two replies trained; rewards "
+            "0/1 alternating). "
+            "bf16 update with `share_prefix` off (every row runs its whole prompt) and on (the "
+            "default: a micro-batch's rows run their common prefix once), interleaved. Model "
+            "FLOPs count the forward tokens each path actually runs.",
+            "",
+            *throughput_table(shared, peaks),
+            "",
+            f"on / off: {off.forward_tokens / on.forward_tokens:.2f}x fewer forward tokens, "
+            f"{off.seconds / on.seconds:.2f}x faster update.",
+        ]
     if packing is not None:
         concat, indiv = packing
         lines += [
@@ -418,6 +472,7 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true",
                     help="add a `bf16 compiled` row (train.compile=true; compiled in the warm-up)")
     ap.add_argument("--no-packing", action="store_true", help="skip the concat/individual run")
+    ap.add_argument("--no-shared", action="store_true", help="skip the shared-prefix run")
     ap.add_argument("--no-write", action="store_true", help="print the section only")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -442,7 +497,8 @@ def main() -> None:
     batch = synthetic_batch(args.rows, vocab)
     episodes = episode_batches(args.episodes, vocab)
     rounds = args.repeats + 1
-    total = 2 + rounds * (len(actors) + 6 + (0 if args.no_packing else 2))
+    total = 2 + rounds * (len(actors) + 6 + (0 if args.no_packing else 2)
+                          + (0 if args.no_shared else 2))
     with tqdm(total=total, desc="bench_train", unit="step") as bar:
         bar.set_postfix_str("matmul peaks")
         peaks = {"bf16": matmul_peak_gflops(torch.bfloat16), "fp32": matmul_peak_gflops(torch.float32)}
@@ -462,9 +518,19 @@ def main() -> None:
                     if r > 0:
                         parts[name][part] = min(parts[name].get(part, math.inf), seconds)
                     bar.update(1)
+        actors.pop("bf16 autocast")
+        shared: list[Result] = []
+        if not args.no_shared:
+            agents = agent_batch(args.rows, vocab)
+            unshared_cfg = TrainConfig(share_prefix=False)
+            unshared = Actor(path, unshared_cfg)
+            best = interleaved({"off": update_fn(unshared, agents, unshared_cfg),
+                                "on": update_fn(actors["bf16"], agents, cfg)}, args.repeats, bar)
+            del unshared
+            shared = [result(f"bf16 share_prefix {k}", agents, *best[k], *params)
+                      for k in ("off", "on")]
         packing = None
         if not args.no_packing:
-            actors.pop("bf16 autocast")
             best = interleaved({style: update_fn(actors["bf16"], b, cfg)
                                 for style, b in episodes.items()}, args.repeats, bar)
             packing = (result("concat", episodes["concat"], *best["concat"], *params),
@@ -481,7 +547,7 @@ def main() -> None:
         "auto": "bf16" if resolve_bf16("auto", torch.device("cpu")) else "fp32",
         "episodes": str(args.episodes),
     }
-    section = render(meta, part1, peaks, params, parts, packing)
+    section = render(meta, part1, peaks, params, parts, shared, packing)
     print(section)
     if not args.no_write:
         write_section(section, SECTION)
