@@ -423,7 +423,7 @@ def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
         *breakdown_table(parts),
     ]
     if shared:
-        off, on = shared
+        former, off, on = shared
         lines += [
             "",
             "### Shared prefixes: agent episodes of GRPO groups",
@@ -434,13 +434,15 @@ def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
             "result and template, and an answer of the rest (the two replies trained; rewards "
             "0/1 alternating). "
             "bf16 update with `share_prefix` off (every row runs its whole prompt) and on (the "
-            "default: a micro-batch's rows run their common prefix once), interleaved. Model "
-            "FLOPs count the forward tokens each path actually runs.",
+            "default: a micro-batch's rows run their common prefix once), and the former path "
+            "(`bf16 autocast`, no shared prefixes) on the same rows, interleaved. Model FLOPs "
+            "count the forward tokens each path actually runs.",
             "",
             *throughput_table(shared, peaks),
             "",
             f"on / off: {off.forward_tokens / on.forward_tokens:.2f}x fewer forward tokens, "
-            f"{off.seconds / on.seconds:.2f}x faster update.",
+            f"{off.seconds / on.seconds:.2f}x faster update; on / the former path: "
+            f"{former.seconds / on.seconds:.2f}x faster update.",
         ]
     if packing is not None:
         concat, indiv = packing
@@ -479,7 +481,7 @@ def main() -> None:
     torch.manual_seed(0)
     load_before = os.getloadavg()[0]
     cfg = TrainConfig()
-    before = TrainConfig(bf16_mode="autocast", length_bucket=1)
+    before = TrainConfig(bf16_mode="autocast", length_bucket=1, share_prefix=False)
     path = model_path(args.model)
     configs = {"bf16 autocast": before, "bf16": cfg}
     if args.compile:
@@ -498,7 +500,7 @@ def main() -> None:
     episodes = episode_batches(args.episodes, vocab)
     rounds = args.repeats + 1
     total = 2 + rounds * (len(actors) + 6 + (0 if args.no_packing else 2)
-                          + (0 if args.no_shared else 2))
+                          + (0 if args.no_shared else 3))
     with tqdm(total=total, desc="bench_train", unit="step") as bar:
         bar.set_postfix_str("matmul peaks")
         peaks = {"bf16": matmul_peak_gflops(torch.bfloat16), "fp32": matmul_peak_gflops(torch.float32)}
@@ -518,17 +520,19 @@ def main() -> None:
                     if r > 0:
                         parts[name][part] = min(parts[name].get(part, math.inf), seconds)
                     bar.update(1)
-        actors.pop("bf16 autocast")
         shared: list[Result] = []
         if not args.no_shared:
             agents = agent_batch(args.rows, vocab)
             unshared_cfg = TrainConfig(share_prefix=False)
             unshared = Actor(path, unshared_cfg)
-            best = interleaved({"off": update_fn(unshared, agents, unshared_cfg),
-                                "on": update_fn(actors["bf16"], agents, cfg)}, args.repeats, bar)
+            arms = {"bf16 autocast": update_fn(old, agents, before),
+                    "bf16 share_prefix off": update_fn(unshared, agents, unshared_cfg),
+                    "bf16 share_prefix on": update_fn(actors["bf16"], agents, cfg)}
+            best = interleaved(arms, args.repeats, bar)
             del unshared
-            shared = [result(f"bf16 share_prefix {k}", agents, *best[k], *params)
-                      for k in ("off", "on")]
+            shared = [result(k, agents, *best[k], *params) for k in arms]
+        actors.pop("bf16 autocast")
+        del old
         packing = None
         if not args.no_packing:
             best = interleaved({style: update_fn(actors["bf16"], b, cfg)
