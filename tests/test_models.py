@@ -71,3 +71,17 @@ def test_two_processes_provisioning_at_once_leave_one_complete_directory(tmp_pat
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, timeout=60)
     assert again.stdout.strip() == outs[0]
     assert PACKAGED_MODELS[DEFAULT_MODEL].sha256 in (target / ".relayrl-complete").read_text()
+
+
+def test_cache_kwarg_is_a_parameter_of_the_installed_transformers_forward() -> None:
+    import inspect
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from relayrl.models import cache_kwarg
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2))
+    # The deprecated name is still accepted through a decorator, so check the signature.
+    for module in (model, model.get_decoder()):
+        assert cache_kwarg(module) in inspect.signature(type(module).forward).parameters

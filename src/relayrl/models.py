@@ -12,14 +12,17 @@ hub id or local directory takes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.resources
 import importlib.util
+import inspect
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from relayrl.errors import ChecksumMismatch, ModelError
 
@@ -207,3 +210,14 @@ def save_loaded_tokenizer_json(folder: Path) -> None:
 
     loaded = AutoTokenizer.from_pretrained(str(folder))
     loaded.backend_tokenizer.save(str(Path(folder) / "tokenizer.json"))
+
+
+@functools.cache
+def _cache_kwarg_of(forward: Any) -> str:
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def cache_kwarg(module: Any) -> str:
+    """The name a transformers model's forward gives its KV cache (`cache` from 5.2x on,
+    `past_key_values` before; the old name warns and goes away in 5.40)."""
+    return _cache_kwarg_of(type(module).forward)

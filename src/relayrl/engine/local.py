@@ -79,6 +79,7 @@ from relayrl.engine.prefix_cache import BLOCK, PrefixCache, PrefixEntry, PrefixS
 from relayrl.engine.sampling import RowParams, sample
 from relayrl.engine.stops import StopStringMatcher
 from relayrl.errors import EngineError, InvalidRequest, ModelError
+from relayrl.models import cache_kwarg
 from relayrl.types import (
     FinishReason,
     GenerateOutput,
@@ -414,6 +415,7 @@ class LocalEngine:
             seed if seed is not None else secrets.randbits(63)
         )
         self._cache = SlotKVCache(config.num_hidden_layers, max_batch_size, self._context_length)
+        self._cache_arg = cache_kwarg(self.model)
         self._prefixes = PrefixCache(prefix_cache_mb << 20) if prefix_cache_mb > 0 else None
         self._epoch = 0
         """Counts applied weight updates: KV computed in an older epoch is stale."""
@@ -694,7 +696,7 @@ class LocalEngine:
             input_ids=ids_N_W.to(self.device),
             attention_mask=mask_N_W_V[:, None].to(self.device),
             position_ids=positions_N_W.to(self.device),
-            past_key_values=self._cache,
+            **{self._cache_arg: self._cache},
             use_cache=True,
             logits_to_keep=1,
         )
@@ -726,7 +728,7 @@ class LocalEngine:
             input_ids=ids_N_L.to(self.device),
             attention_mask=mask_N_L_L[:, None].to(self.device),
             position_ids=positions_N_L.to(self.device),
-            past_key_values=self._cache,
+            **{self._cache_arg: self._cache},
             use_cache=True,
             logits_to_keep=1,
         )
@@ -755,7 +757,7 @@ class LocalEngine:
                 input_ids=ids_B[:, None],
                 attention_mask=mask_B_V[:, None, None, :],
                 position_ids=cols_B[:, None],
-                past_key_values=self._cache,
+                **{self._cache_arg: self._cache},
                 use_cache=True,
             )
             logits_B_V = out.logits[:, -1]

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
-import inspect
 import math
 import time
 from collections.abc import Iterator
@@ -38,6 +36,7 @@ from typing import Any
 import torch
 
 from relayrl.errors import ModelError
+from relayrl.models import cache_kwarg
 from relayrl.train.checkpoint import (
     TrainingState,
     copy_tokenizer_files,
@@ -94,16 +93,6 @@ def bf16_copy(model: Any) -> Any:
         for p in twin.parameters():
             p.data = p.data.to(torch.bfloat16)
     return twin
-
-
-@functools.cache
-def _cache_kwarg_of(forward: Any) -> str:
-    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
-
-
-def _cache_kwarg(decoder: Any) -> str:
-    """The decoder's name for its KV cache argument (transformers 5.2x renamed it `cache`)."""
-    return _cache_kwarg_of(type(decoder).forward)
 
 
 class Actor:
@@ -210,10 +199,10 @@ class Actor:
         cache = DynamicCache()
         prefix_1_P = mb.prefix_ids_P.to(self.device)[None]
         decoder(input_ids=prefix_1_P, position_ids=torch.arange(mb.prefix_len,
-                device=self.device)[None], use_cache=True, **{_cache_kwarg(decoder): cache})
+                device=self.device)[None], use_cache=True, **{cache_kwarg(decoder): cache})
         cache.batch_repeat_interleave(ids_M_L.shape[0])
         return decoder(input_ids=ids_M_L, position_ids=positions_M_L, use_cache=True,
-                       **{_cache_kwarg(decoder): cache}).last_hidden_state
+                       **{cache_kwarg(decoder): cache}).last_hidden_state
 
     def micro_batches(self, batch: TrainBatch) -> list[MicroBatch]:
         """The batch split as this actor's config says (budget, packing, buckets, prefixes)."""
