@@ -16,7 +16,7 @@ Two layouts, both exact (a test checks each against one-row-at-a-time logprobs):
 (an agent's episodes: one system prompt and tool list, and in a GRPO group one question) are cut
 into that common prefix and their own suffixes. The prefix runs once; its keys and values,
 repeated per row, are the suffixes' past, and every row's gradient flows back through the one
-prefix pass, so the result is the full rows' (fp32: logprobs within 1e-4, gradients 1e-5
+prefix pass, so the result is the full rows' (fp32: logprobs within 1e-5, gradients 1e-5
 relative; tested). The plan is used when it processes fewer tokens than plain `pad`. The prefix
 stops before the token that precedes a row's first trained token (that position's output is
 read), so it never holds a trained position.
