@@ -45,6 +45,7 @@ from relayrl.train.checkpoint import (
     save_checkpoint,
 )
 from relayrl.train.config import TrainConfig
+from relayrl.train.head import head_logprobs
 from relayrl.train.losses import LossInputs, merge_stats, ppo_loss, token_weights
 from relayrl.train.packing import MicroBatch, TrainBatch, micro_batches
 
@@ -175,15 +176,13 @@ class Actor:
         with self._autocast():
             hidden_M_L_H = self._hidden(compute.get_decoder(), mb)
         hidden_N_H = hidden_M_L_H[m_N, l_N - 1]  # logits at t - 1 score token t
-        if self.config.fp32_logits:
-            with torch.autocast(self.device.type, enabled=False):
-                logits_N_V = head(hidden_N_H.float())
-        else:
-            with self._autocast():
-                logits_N_V = head(hidden_N_H)
-        logits_N_V = logits_N_V.float()
-        targets_N = ids_M_L[m_N, l_N]
-        return logits_N_V.gather(-1, targets_N[:, None])[:, 0] - logits_N_V.logsumexp(-1)
+        if head.bias is not None:
+            raise ModelError("an output head with a bias is not supported")
+        weight_V_H = head.weight
+        if self.bf16 and not self.config.fp32_logits:  # autocast would have cast it
+            weight_V_H = weight_V_H.to(torch.bfloat16)
+        with torch.autocast(self.device.type, enabled=False):
+            return head_logprobs(hidden_N_H, weight_V_H, ids_M_L[m_N, l_N])
 
     def _hidden(self, decoder: Any, mb: MicroBatch) -> torch.Tensor:
         """The decoder's last hidden states `[M, L, H]` of the micro-batch's rows."""

@@ -1,0 +1,70 @@
+"""`head_logprobs` against autograd's log_softmax: values and gradients, fp32 and bf16 heads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relayrl.train import head
+from relayrl.train.head import head_logprobs
+
+
+def reference(hidden_N_H: torch.Tensor, weight_V_H: torch.Tensor,
+              targets_N: torch.Tensor) -> torch.Tensor:
+    logits_N_V = (hidden_N_H.to(weight_V_H.dtype) @ weight_V_H.t()).float()
+    return logits_N_V.log_softmax(-1).gather(-1, targets_N[:, None])[:, 0]
+
+
+def inputs(n: int, vocab: int, hidden: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, hidden, generator=g).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(vocab, hidden, generator=g) * 0.3).to(dtype).requires_grad_()
+    t = torch.randint(0, vocab, (n,), generator=g)
+    return h, w, t
+
+
+@pytest.mark.parametrize("chunk_bytes", [head.CHUNK_BYTES, 4 * 300 * 3])  # one slice; 3 rows a slice
+def test_values_and_gradients_match_log_softmax(monkeypatch, chunk_bytes):
+    monkeypatch.setattr(head, "CHUNK_BYTES", chunk_bytes)
+    h, w, t = inputs(10, 300, 16, torch.float32)
+    upstream = torch.randn(10, generator=torch.Generator().manual_seed(1))
+    mine = head_logprobs(h, w, t)
+    (mine * upstream).sum().backward()
+    grads = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    ref = reference(h, w, t)
+    (ref * upstream).sum().backward()
+    assert mine.dtype == torch.float32
+    torch.testing.assert_close(mine, ref, rtol=0, atol=2e-6)
+    assert grads[0].dtype == torch.bfloat16  # the hidden state's own dtype
+    torch.testing.assert_close(grads[0].float(), h.grad.float(), rtol=1e-2, atol=1e-3)
+    torch.testing.assert_close(grads[1], w.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_second_backward_raises_instead_of_using_overwritten_probabilities():
+    h, w, t = inputs(4, 50, 8, torch.float32)
+    out = head_logprobs(h, w, t).sum()
+    out.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="inplace"):
+        out.backward()
+
+
+def test_bf16_head_rounds_its_logits_like_the_head_does():
+    h, w, t = inputs(6, 200, 16, torch.bfloat16)
+    mine = head_logprobs(h, w, t)
+    mine.sum().backward()
+    assert w.grad is not None and w.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(mine, reference(h, w, t).detach(), rtol=0, atol=1e-5)
+
+
+def test_without_grad_is_the_same_number_and_keeps_no_graph():
+    h, w, t = inputs(8, 300, 16, torch.float32)
+    with torch.no_grad():
+        plain = head_logprobs(h, w, t)
+    assert plain.grad_fn is None
+    torch.testing.assert_close(plain, head_logprobs(h, w, t).detach(), rtol=0, atol=0)
+
+
+def test_no_rows():
+    h, w, _ = inputs(0, 50, 8, torch.float32)
+    assert head_logprobs(h, w, torch.zeros(0, dtype=torch.long)).shape == (0,)
