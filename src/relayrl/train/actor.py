@@ -37,6 +37,7 @@ import torch
 
 from relayrl.errors import ModelError
 from relayrl.models import cache_kwarg
+from relayrl.train import attention
 from relayrl.train.checkpoint import (
     TrainingState,
     copy_tokenizer_files,
@@ -74,8 +75,8 @@ def load_policy(model_path: str, device: torch.device, attn_implementation: str 
     from relayrl.models import model_path as resolve_model
 
     model = AutoModelForCausalLM.from_pretrained(
-        resolve_model(model_path), dtype=torch.float32, attn_implementation=attn_implementation
-    )
+        resolve_model(model_path), dtype=torch.float32,
+        attn_implementation=attention.resolve(attn_implementation, device))
     for name in _LOGIT_POSTPROCESSING:
         value = getattr(model.config, name, None)
         if value not in (None, 1, 1.0):

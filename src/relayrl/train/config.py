@@ -34,7 +34,7 @@ class TrainConfig:
     compile: bool = False                     # torch.compile the decoder layers (dynamic shapes); the first step compiles (~1 min on 2 cores)
     length_bucket: int = 64                   # pad: micro-batch lengths round up to a multiple of this (stable shapes); 1 = no rounding
     share_prefix: bool = True                 # pad: rows that start alike (one system prompt, one question) run their common prefix once
-    attn_implementation: str = "sdpa"         # transformers attention kernel ("flash_attention_2" suits packing on GPUs)
+    attn_implementation: str = "sdpa"         # transformers attention kernel; on CPU "sdpa" keeps grouped KV heads grouped (train/attention.py); "flash_attention_2" suits packing on GPUs
     total_steps: int = 100                    # optimizer steps in the run
     minibatches: int = 1                      # optimizer steps per rollout batch (>1 makes the PPO clip bite)
     eps_clip_low: float = 0.2                 # ratio may fall to 1 - this before the clip stops the gradient
