@@ -13,6 +13,7 @@ from relayrl.train.packing import (
     MIN_SHARED_PREFIX,
     TrainBatch,
     micro_batches,
+    plan_by_length,
     plan_shared_prefix,
 )
 
@@ -91,6 +92,41 @@ def test_a_prefix_shorter_than_the_minimum_or_a_single_row_is_not_split() -> Non
     assert plan_shared_prefix([base[:60]], [50], 1000, 1) == [([0], 0)]
     # Trained from position 40 on: the shared part stops at 39 even though 60 tokens agree.
     assert plan_shared_prefix([base[:60], base[:60]], [40, 45], 1000, 1) == [([0, 1], 39)]
+
+
+def test_one_long_row_gets_its_own_pass_instead_of_padding_or_splitting_the_rest() -> None:
+    # 15 rows of one prompt with short replies and one with a long reply: all 16 padded to the
+    # long one do not fit the budget, and a split blind to lengths pads half of them to it.
+    g = torch.Generator().manual_seed(3)
+    system = torch.randint(0, 1000, (SYSTEM,), generator=g)
+    lengths = [20 + i % 5 for i in range(15)] + [120]
+    rows = [torch.cat([system, torch.randint(0, 1000, (n,), generator=g)]) for n in lengths]
+    first = [SYSTEM + 2] * 16
+    budget = SYSTEM + 15 * 30
+    by_length = plan_by_length(rows, first, budget, 1)
+    assert sorted(map(sorted, (r for r, _ in by_length))) == [list(range(15)), [15]]
+    assert dict((len(r), p) for r, p in by_length) == {15: SYSTEM, 1: 0}
+
+    def tokens(plan: list[tuple[list[int], int]]) -> int:
+        return sum(p + len(r) * (max(len(rows[i]) for i in r) - p) for r, p in plan)
+
+    assert tokens(by_length) == SYSTEM + 15 * 24 + len(rows[15])
+    assert tokens(by_length) < tokens(plan_shared_prefix(rows, first, budget, 1))
+
+    # micro_batches takes that plan, and every trained token is scored once.
+    b, t = 16, max(map(len, rows))
+    ids, loss = torch.zeros(b, t, dtype=torch.long), torch.zeros(b, t, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)], loss[i, SYSTEM + 2:len(r)] = r, True
+    batch = TrainBatch(input_ids_B_T=ids, attention_mask_B_T=ids >= 0, loss_mask_B_T=loss,
+                       behav_logprobs_B_T=torch.zeros(b, t), versions_B_T=torch.zeros(b, t).long(),
+                       rewards_B=torch.zeros(b), episode_ids=tuple(map(str, range(b))),
+                       group_ids=("g",) * b)
+    mbs = micro_batches(batch, budget, "pad", share_prefix=True)
+    assert sorted(len(mb.rows) for mb in mbs) == [1, 15]
+    assert sum(mb.num_tokens for mb in mbs) == tokens(by_length)
+    covered = torch.cat([mb.source_N for mb in mbs]).sort().values
+    assert torch.equal(covered, loss.reshape(-1).nonzero()[:, 0])
 
 
 @pytest.mark.parametrize("model_fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])

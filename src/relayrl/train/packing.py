@@ -17,7 +17,10 @@ Two layouts, both exact (a test checks each against one-row-at-a-time logprobs):
 into that common prefix and their own suffixes. The prefix runs once; its keys and values,
 repeated per row, are the suffixes' past, and every row's gradient flows back through the one
 prefix pass, so the result is the full rows' (fp32: logprobs within 1e-5, gradients 1e-5
-relative; tested). The plan is used when it processes fewer tokens than plain `pad`. The prefix
+relative; tested). Two plans are made, rows grouped by their tokens (long common prefixes
+together) and rows in length order cut where it pads least (one long reply gets its own pass
+instead of padding 15 short ones to it), and the one that forwards the fewest tokens, plain `pad`
+included, is used. The prefix
 stops before the token that precedes a row's first trained token (that position's output is
 read), so it never holds a trained position.
 
@@ -320,6 +323,62 @@ def plan_shared_prefix(
     return plans
 
 
+MAX_ROWS_BY_LENGTH = 128
+"""`plan_by_length` (quadratic in rows) runs for batches up to this many rows."""
+
+PASS_TOKENS = 32
+"""What one more forward pass costs, in tokens, when plans are compared: ties go to fewer passes."""
+
+
+def plan_by_length(
+    rows: Sequence[torch.Tensor], first: Sequence[int], max_tokens: int, bucket: int
+) -> list[tuple[list[int], int]]:
+    """Rows in length order, cut into the micro-batches (each with its common prefix) of least
+    padded cost: `(rows, prefix)`, as `plan_shared_prefix` gives.
+
+    `plan_shared_prefix` groups rows by their tokens, blind to lengths: one long reply among 16
+    rows that share a system prompt pads all 16 to its length, or splits them in two passes that
+    each run the prompt. In length order the long rows end up together, and an exact split of
+    that order (dynamic programming over where micro-batches start) keeps the rest in one pass.
+    """
+    n = len(rows)
+    order = sorted(range(n), key=lambda i: len(rows[i]))
+    as_lists = [rows[i].tolist() for i in range(n)]
+
+    def worth(prefix: int) -> int:
+        return prefix if prefix >= MIN_SHARED_PREFIX else 0
+
+    best = [0] + [-1] * n  # best[j]: least cost of the first j rows in `order`
+    cut: list[tuple[int, int]] = [(0, 0)] * (n + 1)  # best[j]'s last micro-batch: (start, prefix)
+    for j in range(1, n + 1):
+        last = order[j - 1]
+        lo = hi = last  # the group's lexicographically least and greatest rows
+        common, limit = len(rows[last]), first[last] - 1
+        for i in range(j - 1, -1, -1):
+            row = order[i]
+            if as_lists[row] < as_lists[lo]:
+                lo = row
+            elif as_lists[row] > as_lists[hi]:
+                hi = row
+            limit = min(limit, first[row] - 1)
+            if i < j - 1:  # a set's common prefix is that of its least and greatest members
+                common = common_prefix_len(rows[lo], rows[hi])
+            prefix = worth(min(common, limit)) if i < j - 1 else 0
+            tokens = prefix + (j - i) * bucketed(len(rows[last]) - prefix, bucket)
+            if tokens > max_tokens and i < j - 1:
+                break  # a longer group only costs more
+            cost = best[i] + tokens + PASS_TOKENS
+            if best[j] < 0 or cost < best[j]:
+                best[j], cut[j] = cost, (i, prefix)
+    plans: list[tuple[list[int], int]] = []
+    j = n
+    while j > 0:
+        i, prefix = cut[j]
+        plans.append(([order[k] for k in range(i, j)], prefix))
+        j = i
+    return plans[::-1]
+
+
 def micro_batches(
     batch: TrainBatch, max_tokens: int, packing: str, mask_B_T: torch.Tensor | None = None,
     bucket: int = 1, share_prefix: bool = False,
@@ -346,16 +405,19 @@ def micro_batches(
     padded = [([live[i] for i in plan], 0) for plan in plans]
     if share_prefix and len(live) > 1:
         first_B = torch.where(mask_B_T, torch.arange(t), t).amin(-1).tolist()
-        shared = plan_shared_prefix([batch.input_ids_B_T[b, :needed[b]] for b in live],
-                                    [int(first_B[b]) for b in live], max_tokens, bucket)
-        shared = [([live[i] for i in plan], prefix) for plan, prefix in shared]
+        ids = [batch.input_ids_B_T[b, :needed[b]] for b in live]
+        first = [int(first_B[b]) for b in live]
+        planners = [plan_shared_prefix] + ([plan_by_length] if len(live) <= MAX_ROWS_BY_LENGTH
+                                           else [])
+        candidates = [padded] + [[([live[i] for i in rows], prefix) for rows, prefix in
+                                  planner(ids, first, max_tokens, bucket)]
+                                 for planner in planners]
 
         def total(plan: list[tuple[list[int], int]]) -> int:
             return sum(p + len(rows) * bucketed(max(needed[b] for b in rows) - p, bucket)
-                       for rows, p in plan)
+                       + PASS_TOKENS for rows, p in plan)
 
-        if total(shared) < total(padded):
-            padded = shared
+        padded = min(candidates, key=total)  # the first of equals: plain padding, then by tokens
     return [_build_padded(batch, mask_B_T, rows, prefix,
                           bucketed(max(needed[b] for b in rows) - prefix, bucket))
             for rows, prefix in padded]
