@@ -104,3 +104,34 @@ def test_every_update_of_a_run_runs_on_one_thread_with_its_phases_threads(
     assert len({ident for ident, _ in seen}) == 1
     assert threading.get_ident() not in {ident for ident, _ in seen}
     assert [n for _, n in seen] == [2, 1, 1, 1, 1]
+
+
+def test_an_eval_gives_the_engine_the_update_cores_and_hands_them_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trainer, "usable_cores", lambda: 2)
+
+    class Engine:
+        num_threads = 1
+
+        def __init__(self) -> None:
+            self.asked: list[int | None] = []
+
+        def set_threads(self, threads: int | None) -> None:
+            self.asked.append(threads)
+
+    @dataclass
+    class WithEngine:
+        engine: Engine
+        engine_threads: int = 1
+
+    engine = Engine()
+    run = trainer._Run(RelayConfig(), actor=None, services=WithEngine(engine))  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError), run._engine_takes_update_cores():
+        assert engine.asked == [2]
+        raise RuntimeError("an eval that fails still hands the cores back")
+    assert engine.asked == [2, None]
+    # an engine without the knob (a server elsewhere, replicas) is left alone
+    elsewhere = trainer._Run(RelayConfig(), actor=None,  # type: ignore[arg-type]
+                             services=WithEngine(object(), 0))  # type: ignore[arg-type]
+    with elsewhere._engine_takes_update_cores():
+        pass

@@ -409,6 +409,9 @@ class LocalEngine:
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
         self.num_threads = num_threads if num_threads is not None else default_num_threads()
+        self._threads_wanted = self.num_threads
+        self.threads_in_use = 0
+        """Torch threads the engine thread runs its passes on now (0 before it starts)."""
         self._targets = dict(self.model.state_dict())
         self._version = 0
         self._shared_generator = torch.Generator().manual_seed(
@@ -448,6 +451,16 @@ class LocalEngine:
     def prefix_stats(self) -> PrefixStats | None:
         """What the prefix cache reused so far (None when it is off)."""
         return self._prefixes.stats if self._prefixes is not None else None
+
+    def set_threads(self, threads: int | None) -> None:
+        """Torch threads for the engine's passes from its next one on; None: `num_threads`.
+
+        For a phase where nothing else computes in this process (a held-out eval): the engine
+        then has the cores the trainer's update otherwise takes.
+        """
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1 or None, got {threads}")
+        self._threads_wanted = threads or self.num_threads
 
     @property
     def active(self) -> int:
@@ -573,10 +586,12 @@ class LocalEngine:
     # -- engine thread -----------------------------------------------------------------------
 
     def _serve(self) -> None:
-        # Per thread: OpenMP's thread count is a per-thread setting, the caller's is untouched.
-        torch.set_num_threads(self.num_threads)
         with torch.inference_mode():
             while self._next_iteration():
+                # OpenMP's thread count is a per-thread setting: the callers' are untouched.
+                if self.threads_in_use != self._threads_wanted:
+                    self.threads_in_use = self._threads_wanted
+                    torch.set_num_threads(self.threads_in_use)
                 try:
                     self._admit()
                     if self._rows:

@@ -20,7 +20,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -283,12 +283,13 @@ class _Run:
             return None
         started = time.perf_counter()
         batches: list[RowBatch] = []
-        scores = await self._eval_pass(workflow, kwargs, dataset, batches)
-        missing = [i for i in range(len(dataset)) if i not in scores]
-        if missing:
-            again = await self._eval_pass(workflow, kwargs, [dataset[i] for i in missing],
-                                          batches)
-            scores.update({missing[j]: r for j, r in again.items()})
+        with self._engine_takes_update_cores():
+            scores = await self._eval_pass(workflow, kwargs, dataset, batches)
+            missing = [i for i in range(len(dataset)) if i not in scores]
+            if missing:
+                again = await self._eval_pass(workflow, kwargs, [dataset[i] for i in missing],
+                                              batches)
+                scores.update({missing[j]: r for j, r in again.items()})
         excluded = len(dataset) - len(scores)
         values = list(scores.values())
         mean = sum(values) / len(values) if values else 0.0
@@ -303,6 +304,21 @@ class _Run:
               f"{result.excluded} excluded){tools}, {time.perf_counter() - started:.0f} s",
               flush=True)
         return result
+
+    @contextlib.contextmanager
+    def _engine_takes_update_cores(self) -> Iterator[None]:
+        """An in-process engine runs on its threads plus the RL update's while no update runs
+        (an eval awaits its episodes with the update thread idle)."""
+        set_threads = getattr(self.services.engine, "set_threads", None)
+        own = int(getattr(self.services.engine, "num_threads", 0) or 0)
+        if set_threads is None or own < 1:
+            yield
+            return
+        set_threads(own + self.threads("rl"))
+        try:
+            yield
+        finally:
+            set_threads(None)
 
     async def _eval_pass(self, workflow: Any, kwargs: dict[str, Any] | None,
                          items: Sequence[dict[str, Any]],
