@@ -18,8 +18,11 @@ Measured, with torch on 2 threads, on the default model:
      clip + AdamW step (+ refreshing the bf16 copy), each the best of the same rounds.
   1c. Shared prefixes: 16 rows of the same lengths shaped like GRPO groups of agent episodes
      (every row starts with one 313-token system prompt with tool schemas, each group of 8
-     with its own 20-token question, then a tool call, its result and an answer), updated with `share_prefix` off (each row runs its whole
-     prompt) and on (a micro-batch runs its rows' common prefix once), interleaved.
+     with its own 20-token question, then a tool call, its result and an answer), updated with
+     `share_prefix` off (each row runs its whole prompt) and on (a micro-batch runs its rows'
+     common prefix once), and on with the kernels of 2026-11-24 (transformers' SDPA, the
+     autograd head: what `relayrl.train.attention` and `relayrl.train.head` replaced),
+     interleaved.
   2. The same 5-turn episodes exported both ways: `concat` (one row per episode, the model's
      own samples trained in place) and `individual` (one row per call, each repeating the whole
      prefix). Sessions are built as the gateway builds them (`Session.locate`, extended prompt,
@@ -45,13 +48,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import torch
 from results_md import write_section
 from tqdm import tqdm
 
+import relayrl.train.actor as actor_module
 from relayrl.chat.conversation import Conversation, Message, ParsedReply, ToolCall
 from relayrl.models import DEFAULT_MODEL, model_path
+from relayrl.train import attention
 from relayrl.train.actor import Actor, resolve_bf16
 from relayrl.train.advantages import compute_advantages
 from relayrl.train.config import TrainConfig
@@ -268,6 +274,29 @@ def breakdown_fns(actor: Actor, batch: TrainBatch, cfg: TrainConfig) -> dict[str
             "clip + AdamW step": lambda: timed(opt)}
 
 
+def autograd_head(hidden_N_H: torch.Tensor, weight_V_H: torch.Tensor,
+                  targets_N: torch.Tensor) -> torch.Tensor:
+    """The actor's head before `relayrl.train.head`: fp32 logits through autograd's logsumexp."""
+    logits_N_V = hidden_N_H.float() @ weight_V_H.t()
+    return logits_N_V.gather(-1, targets_N[:, None])[:, 0] - logits_N_V.logsumexp(-1)
+
+
+def former_kernels(path: str, cfg: TrainConfig) -> Callable[[TrainBatch], Callable[[], dict[str, float]]]:
+    """An actor with the kernels of 2026-11-24 (transformers' SDPA, which copies each key/value
+    head per query head under a mask, and `autograd_head`); returns its update-fn maker."""
+    with mock.patch.object(attention, "resolve", lambda impl, device: impl):
+        actor = Actor(path, cfg)
+
+    def make(batch: TrainBatch) -> Callable[[], dict[str, float]]:
+        fn = update_fn(actor, batch, cfg)
+
+        def run() -> dict[str, float]:
+            with mock.patch.object(actor_module, "head_logprobs", autograd_head):
+                return fn()
+        return run
+    return make
+
+
 def interleaved(fns: dict[str, Callable[[], dict[str, float]]], repeats: int,
                 bar: tqdm) -> dict[str, tuple[float, dict[str, float]]]:
     """Best update time of each function over `repeats` rounds, after a warm-up round."""
@@ -423,7 +452,7 @@ def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
         *breakdown_table(parts),
     ]
     if shared:
-        former, off, on = shared
+        former, off, kernels, on = shared
         lines += [
             "",
             "### Shared prefixes: agent episodes of GRPO groups",
@@ -435,14 +464,19 @@ def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
             "0/1 alternating). "
             "bf16 update with `share_prefix` off (every row runs its whole prompt) and on (the "
             "default: a micro-batch's rows run their common prefix once), and the former path "
-            "(`bf16 autocast`, no shared prefixes) on the same rows, interleaved. Model FLOPs "
+            "(`bf16 autocast`, no shared prefixes) and the default with the kernels it had "
+            "before 2026-11-25, on the same rows, interleaved. Model FLOPs "
             "count the forward tokens each path actually runs.",
             "",
             *throughput_table(shared, peaks),
             "",
             f"on / off: {off.forward_tokens / on.forward_tokens:.2f}x fewer forward tokens, "
             f"{off.seconds / on.seconds:.2f}x faster update; on / the former path: "
-            f"{former.seconds / on.seconds:.2f}x faster update.",
+            f"{former.seconds / on.seconds:.2f}x faster update; on / the same with the "
+            "2026-11-24 kernels (transformers' SDPA copying each key/value head per query head "
+            "under the prefix's mask, and the head's logprobs through autograd's logsumexp, as "
+            f"before `relayrl.train.attention` and `relayrl.train.head`): "
+            f"{kernels.seconds / on.seconds:.2f}x faster update.",
         ]
     if packing is not None:
         concat, indiv = packing
@@ -500,7 +534,7 @@ def main() -> None:
     episodes = episode_batches(args.episodes, vocab)
     rounds = args.repeats + 1
     total = 2 + rounds * (len(actors) + 6 + (0 if args.no_packing else 2)
-                          + (0 if args.no_shared else 3))
+                          + (0 if args.no_shared else 4))
     with tqdm(total=total, desc="bench_train", unit="step") as bar:
         bar.set_postfix_str("matmul peaks")
         peaks = {"bf16": matmul_peak_gflops(torch.bfloat16), "fp32": matmul_peak_gflops(torch.float32)}
@@ -525,11 +559,13 @@ def main() -> None:
             agents = agent_batch(args.rows, vocab)
             unshared_cfg = TrainConfig(share_prefix=False)
             unshared = Actor(path, unshared_cfg)
+            former = former_kernels(path, cfg)
             arms = {"bf16 autocast": update_fn(old, agents, before),
                     "bf16 share_prefix off": update_fn(unshared, agents, unshared_cfg),
+                    "bf16 share_prefix on, 2026-11-24 kernels": former(agents),
                     "bf16 share_prefix on": update_fn(actors["bf16"], agents, cfg)}
             best = interleaved(arms, args.repeats, bar)
-            del unshared
+            del unshared, former
             shared = [result(k, agents, *best[k], *params) for k in arms]
         actors.pop("bf16 autocast")
         del old
