@@ -308,7 +308,7 @@ class _Run:
     @contextlib.contextmanager
     def _engine_takes_update_cores(self) -> Iterator[None]:
         """An in-process engine runs on its threads plus the RL update's while no update runs
-        (an eval awaits its episodes with the update thread idle)."""
+        (an eval, or the RL loop awaiting a batch, leaves the update thread idle)."""
         set_threads = getattr(self.services.engine, "set_threads", None)
         own = int(getattr(self.services.engine, "num_threads", 0) or 0)
         if set_threads is None or own < 1:
@@ -350,7 +350,9 @@ class _Run:
                 if actor.step >= cfg.train.total_steps:
                     break
                 try:
-                    batch = await controller.next_batch()
+                    # between updates: rollouts still running get the update's cores too
+                    with self._engine_takes_update_cores():
+                        batch = await controller.next_batch()
                 except StopAsyncIteration:
                     break
                 metrics = await self.step(batch)
