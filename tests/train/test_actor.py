@@ -55,7 +55,10 @@ def test_the_step_is_the_same_whatever_the_micro_batch_budget(tiny_llama_dir: st
     assert a["n_tokens"] == b["n_tokens"] == batch.num_trained_tokens
     assert grads_a.keys() == grads_b.keys() and grads_a
     for name, g in grads_a.items():
-        assert torch.allclose(g, grads_b[name], rtol=1e-4, atol=1e-7), name
+        # fp32 sums in another order: a gradient's near-zero entries move by a few 1e-6 of its
+        # largest one (on an EPYC, 6e-6 of 2.0), so the absolute tolerance follows its scale
+        scale = float(g.abs().max())
+        assert torch.allclose(g, grads_b[name], rtol=1e-4, atol=1e-5 * scale), name
 
 
 def test_an_update_bumps_step_and_version_and_changes_the_weights(tiny_llama_dir: str) -> None:
