@@ -213,6 +213,20 @@ def save_loaded_tokenizer_json(folder: Path) -> None:
 
 
 @functools.cache
+def cpu_has_bf16_units() -> bool:
+    """Whether this CPU computes bf16 natively (AMX tiles or AVX512-BF16), not by emulation.
+
+    Both count: on the AMX Xeon and on an AVX512-BF16 EPYC (no AMX) bf16 decode ran 1.9-2.5x
+    fp32's tokens/s (benchmarks/RESULTS.md, "LocalEngine: bf16 against fp32"); without either,
+    bf16 is converted to fp32 around every product and runs slower than fp32.
+    """
+    import torch  # here: the gateway imports this module without torch
+
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
+
+
+@functools.cache
 def _cache_kwarg_of(forward: Any) -> str:
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 

@@ -385,8 +385,9 @@ async def test_default_dtype_engine_matches_its_own_forward_and_follows_weight_u
 ) -> None:
     engine = LocalEngine(model_dir, max_context=CONTEXT, num_threads=THREADS)
     try:
-        amx = getattr(torch.cpu, "get_capabilities", dict)().get("amx_bf16", False)
-        assert engine.dtype == (torch.bfloat16 if amx else torch.float32)
+        caps = getattr(torch.cpu, "get_capabilities", dict)()
+        units = bool(caps.get("amx_bf16") or caps.get("avx512_bf16"))
+        assert engine.dtype == (torch.bfloat16 if units else torch.float32)
         assert (engine.packed_linears > 0) == (engine.dtype == torch.bfloat16)
         prompt = chat(engine, "What is the capital of France?")
         out = await engine.generate(request(prompt, max_new_tokens=12, temperature=0))

@@ -32,8 +32,10 @@ decode of other architectures, run the model. Keys and values of a layer are the
 buffer (`_SlotLayer.both`), so a decode step stores both with one copy.
 
 Measured on the 2-core Xeon (AMX-bf16) with SmolLM2-135M, one decode step of the HF model:
-fp32 29/55/88 ms and bf16 31/36/57 ms at batch 1/8/32, so `dtype="auto"` picks bf16 where the
-CPU has AMX-bf16 (or on a CUDA GPU with bf16) and fp32 elsewhere. transformers' own continuous
+fp32 29/55/88 ms and bf16 31/36/57 ms at batch 1/8/32; on a 2-core EPYC with AVX512-BF16 and no
+AMX the whole engine ran 1.9-2.5x faster in bf16. So `dtype="auto"` picks bf16 where the CPU
+computes bf16 natively (`relayrl.models.cpu_has_bf16_units`) or on a CUDA GPU with bf16, and
+fp32 elsewhere. transformers' own continuous
 batching (`generate_batch`, paged cache) runs on CPU but reached only 94-138 tok/s (bf16) on
 32 × 128 tokens, below even a static `generate` batch; this loop does ~330 (benchmarks/RESULTS.md).
 
@@ -79,7 +81,7 @@ from relayrl.engine.prefix_cache import BLOCK, PrefixCache, PrefixEntry, PrefixS
 from relayrl.engine.sampling import RowParams, sample
 from relayrl.engine.stops import StopStringMatcher
 from relayrl.errors import EngineError, InvalidRequest, ModelError
-from relayrl.models import cache_kwarg
+from relayrl.models import cache_kwarg, cpu_has_bf16_units
 from relayrl.types import (
     FinishReason,
     GenerateOutput,
@@ -360,7 +362,7 @@ class LocalEngine:
 
     Args:
         device: "cpu", "cuda", ...; default CUDA when available, else CPU.
-        dtype: "auto" (bf16 on AMX CPUs and bf16 GPUs, else fp32), "float32" or "bfloat16".
+        dtype: "auto" (bf16 on CPUs with bf16 units and bf16 GPUs, else fp32), "float32" or "bfloat16".
         max_batch_size: most sequences decoded together; later requests wait their turn.
         seed: seeds the random stream of requests that carry no seed of their own.
         max_context: caps the model's context length (prompt + output).
@@ -996,7 +998,7 @@ def default_num_threads() -> int:
 
 
 def _pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """The torch dtype for `dtype`; "auto" is bf16 where it is fast (AMX CPU, bf16 GPU)."""
+    """The torch dtype for `dtype`; "auto" is bf16 where it is fast (bf16 units, bf16 GPU)."""
     if dtype != "auto":
         picked = getattr(torch, dtype, None)
         if not isinstance(picked, torch.dtype) or not picked.is_floating_point:
@@ -1004,8 +1006,7 @@ def _pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
         return picked
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    capabilities = getattr(torch.cpu, "get_capabilities", dict)()
-    return torch.bfloat16 if capabilities.get("amx_bf16") else torch.float32
+    return torch.bfloat16 if cpu_has_bf16_units() else torch.float32
 
 
 def _context_length(config: Any, max_context: int | None) -> int:

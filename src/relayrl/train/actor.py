@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from relayrl.errors import ModelError
-from relayrl.models import cache_kwarg
+from relayrl.models import cache_kwarg, cpu_has_bf16_units
 from relayrl.train import attention
 from relayrl.train.checkpoint import (
     TrainingState,
@@ -61,10 +61,7 @@ def resolve_bf16(setting: bool | str, device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
-        # Private but stable probes; without AMX or AVX512-BF16 bf16 is emulated and slower.
-        amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-        avx = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-        return bool(amx or avx)
+        return cpu_has_bf16_units()
     return False
 
 
