@@ -1,6 +1,7 @@
 """Engines on an agent's calls: LocalEngine with and without prefix reuse, and vLLM-CPU.
 
-Run by hand:  python benchmarks/bench_agent_engine.py [--conversations 16] [--turns 4] [--no-write]
+Run by hand:  python benchmarks/bench_agent_engine.py [--conversations 16] [--turns 4]
+[--model-prefill-too] [--no-write]
 
 An agent's calls are not independent prompts: each turn resends the last prompt, the reply and a
 tool result, and every episode opens with the same system prompt and tool list. Here
@@ -169,6 +170,10 @@ async def run(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
     engines: dict = {f"LocalEngine, prefix reuse ({dtype})": reuse,
                      f"LocalEngine, no reuse ({dtype})": LocalEngine(
                          path, num_threads=args.threads, max_batch_size=cap, prefix_cache_mb=0)}
+    if args.model_prefill_too:
+        # prefix reuse, the rest of each prompt prefilled through the model's padded forward
+        engines[f"LocalEngine, prefix reuse, model prefill ({dtype})"] = LocalEngine(
+            path, num_threads=args.threads, max_batch_size=cap, lean_prefill=False)
     server, note = None, "not installed (no .venv-vllm): LocalEngine alone"
     try:
         venv_python()
@@ -216,6 +221,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="LocalEngine torch threads")
     ap.add_argument("--vllm-dtype", default="bfloat16")
     ap.add_argument("--no-vllm", action="store_true", help="LocalEngine only")
+    ap.add_argument("--model-prefill-too", action="store_true",
+                    help="also LocalEngine prefilling through the model's forward (no lean prefill)")
     ap.add_argument("--no-write", action="store_true", help="print the table only")
     args = ap.parse_args()
     load_before = os.getloadavg()[0]

@@ -1,4 +1,5 @@
-"""LeanDecoder against the model's own forward: same tokens, same logprobs, same weight updates."""
+"""LeanDecoder against the model's own forward: same tokens, same logprobs, same weight updates,
+for its decode step and for its prefill (fresh prompts and prompts that reuse cached KV)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ pytestmark = pytest.mark.slow
 PROMPTS = ["Hi", "Explain in one sentence why the sky is blue.", "List two colours, then stop."]
 
 
-async def run(engine: LocalEngine, lengths: list[int]) -> list[GenerateOutput]:
-    """The prompts together (rows of different lengths: masked attention), greedy and sampled."""
+def requests(engine: LocalEngine, lengths: list[int]) -> list[GenerateRequest]:
+    """One request per prompt, `lengths[i]` new tokens, greedy and sampled alternately."""
     reqs = []
     for i, (text, n) in enumerate(zip(PROMPTS, lengths, strict=True)):
         rendered = engine.tokenizer.apply_chat_template(
@@ -27,14 +28,20 @@ async def run(engine: LocalEngine, lengths: list[int]) -> list[GenerateOutput]:
         ids = engine.tokenizer.encode(rendered, add_special_tokens=False)
         params = SamplingParams(max_new_tokens=n, temperature=0.8 * (i % 2), seed=i)
         reqs.append(GenerateRequest(ids, params))
-    return list(await asyncio.gather(*map(engine.generate, reqs)))
+    return reqs
+
+
+async def run(engine: LocalEngine, lengths: list[int]) -> list[GenerateOutput]:
+    """The prompts together (rows of different lengths: masked attention), greedy and sampled."""
+    return list(await asyncio.gather(*map(engine.generate, requests(engine, lengths))))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 async def test_lean_decode_gives_the_model_forwards_tokens_and_logprobs(
     model_dir: str, dtype: str
 ) -> None:
-    lean = LocalEngine(model_dir, dtype=dtype, max_context=256, num_threads=1)
+    # The prefill stays the model's, so in bf16 too the decode steps are compared bit for bit.
+    lean = LocalEngine(model_dir, dtype=dtype, max_context=256, num_threads=1, lean_prefill=False)
     plain = LocalEngine(model_dir, dtype=dtype, max_context=256, num_threads=1, lean_decode=False)
     try:
         assert lean.lean is not None and plain.lean is None
@@ -57,6 +64,34 @@ async def test_lean_decode_gives_the_model_forwards_tokens_and_logprobs(
     for x, y in zip([*a, *a2], [*b, *b2], strict=True):
         assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) <= 1e-4
     assert any(x.logprobs != y.logprobs for x, y in zip(a2, a, strict=True))
+
+
+async def test_lean_prefill_gives_the_model_forwards_tokens_and_logprobs(model_dir: str) -> None:
+    """fp32: the unpadded prefill equals the model's padded one, fresh and after reused columns."""
+    lean = LocalEngine(model_dir, dtype="float32", max_context=512, num_threads=1)
+    plain = LocalEngine(model_dir, dtype="float32", max_context=512, num_threads=1,
+                        lean_decode=False)
+    try:
+        assert lean.lean_prefill and not plain.lean_prefill
+        lengths = [20, 7, 13]
+        a, b = await run(lean, lengths), await run(plain, lengths)
+        # Next turns: each prompt extends a finished sequence (its KV is reused), in one batch
+        # with a prompt that matches nothing cached (a fresh prefill beside the reused one).
+        first = [list(r.prompt_ids) for r in requests(lean, lengths)]
+        prompts = [[*p, *o.output_ids, *p[-18:]] for p, o in zip(first, a, strict=True)]
+        prompts.append(first[0][::-1])
+        params = SamplingParams(max_new_tokens=9, temperature=0)
+        reqs = [GenerateRequest(p, params) for p in prompts]
+        reused_before = lean.prefix_stats.reused_tokens  # type: ignore[union-attr]
+        a2 = await asyncio.gather(*map(lean.generate, reqs))
+        b2 = await asyncio.gather(*map(plain.generate, reqs))
+        reused = lean.prefix_stats.reused_tokens - reused_before  # type: ignore[union-attr]
+    finally:
+        await asyncio.gather(lean.aclose(), plain.aclose())
+    assert reused >= sum(map(len, first))  # the reuse path did run
+    assert [o.output_ids for o in [*a, *a2]] == [o.output_ids for o in [*b, *b2]]
+    for x, y in zip([*a, *a2], [*b, *b2], strict=True):
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) <= 1e-4
 
 
 def test_architectures_it_does_not_reproduce_keep_the_models_forward() -> None:

@@ -1,4 +1,4 @@
-"""A lean decode step for Llama-family models (Llama, Qwen2, Mistral) over `SlotKVCache`'s rows.
+"""Lean decode steps and prefill for Llama-family models (Llama, Qwen2, Mistral), on slot KV rows.
 
 Why not the model's own forward: at decode batch sizes transformers' Llama forward is mostly
 overhead, not arithmetic. One step of SmolLM2-135M (30 layers) runs ~50 small ops per layer
@@ -15,6 +15,12 @@ most of the step. This step reads the same weights and the same cache but:
   transformers does for one query token), with no mask when every row sees every column;
 - keeps transformers' numerics where they matter (RMSNorm in fp32, residuals in the model dtype),
   so logprobs still match a fresh forward pass.
+
+`prefill` runs prompts through the same products: their new tokens one after another with no
+padding (a batch of prompts of unequal length wastes no product work), attention padded per row
+with one additive mask (it reads the columns a reused prefix already filled), and the head only on
+each prompt's last token. Its order of sums differs from the model's padded forward, so in bf16 its
+logprobs differ by rounding; in fp32 they match to 1e-5.
 
 The fused copies are remade when any source weight changes in place (its version counter moves:
 `update_weights`, an optimizer step on a shared model), checked once per step.
@@ -206,6 +212,73 @@ class LeanDecoder:
             gu = layer.gate_up(self._rms_norm(x, layer.norm_post))
             x = x + layer.down(F.silu(gu[:, : self.intermediate]) * gu[:, self.intermediate :])
         return self.lm_head(self._rms_norm(x, self.final_norm))
+
+
+    def prefill(
+        self,
+        ids_T: torch.Tensor,
+        first: int,
+        starts: list[int],
+        lengths: list[int],
+        caches: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """Logits [N, vocab] of the token after each prompt; prompt i's KV goes to cache row
+        first + i, columns starts[i] .. starts[i] + lengths[i].
+
+        `ids_T` holds the N prompts' new tokens one after another (no padding); prompt i attends
+        to the starts[i] columns its row already holds (a reused prefix, copied in) and
+        causally to its own tokens. The products run on the T real tokens only; attention runs
+        once per layer over the N rows, right-padded to the longest, with one additive mask.
+        """
+        self._refresh()
+        n, total = len(lengths), int(ids_T.shape[0])
+        heads, kv, dim = self.heads, self.kv_heads, self.head_dim
+        qk = heads + kv
+        width = max(lengths)
+        visible = max(s + n_ for s, n_ in zip(starts, lengths, strict=True))
+        device = ids_T.device
+        lengths_N = torch.tensor(lengths, device=device)
+        starts_N = torch.tensor(starts, device=device)
+        seq_T = torch.repeat_interleave(torch.arange(n, device=device), lengths_N)
+        offsets_N = torch.cumsum(lengths_N, 0) - lengths_N
+        j_T = torch.arange(total, device=device) - offsets_N[seq_T]
+        pos_T = starts_N[seq_T] + j_T
+        row_T = seq_T + first
+        slot_T = seq_T * width + j_T  # where token t sits in the right-padded [N, width] block
+        cos = self._cos[pos_T][:, None, :]
+        sin = self._sin[pos_T][:, None, :]
+        # Slot j of row i is position starts[i] + j; it sees every column up to that position.
+        # Padding slots (j >= lengths[i]) see column 0 only, so no row of scores is all -inf.
+        cols_V = torch.arange(visible, device=device)
+        slots_W = torch.arange(width, device=device)
+        see = cols_V[None, None, :] <= (starts_N[:, None] + slots_W[None, :])[:, :, None]
+        see &= (slots_W[None, :] < lengths_N[:, None])[:, :, None]
+        see |= cols_V[None, None, :] == 0
+        mask = torch.zeros(see.shape, dtype=self.dtype, device=device)
+        mask = mask.masked_fill_(~see, float("-inf"))[:, None]
+        q_S = torch.zeros(n * width, heads, dim, dtype=self.dtype, device=device)
+        x = F.embedding(ids_T, self.embed)
+        for layer, cache in zip(self.layers, caches, strict=True):
+            qkv = layer.qkv(self._rms_norm(x, layer.norm_in)).view(total, qk + kv, dim)
+            both = qkv[:, :qk]
+            qkv[:, :qk] = both * cos + both.roll(dim // 2, -1) * sin
+            cache[row_T, :, pos_T] = qkv[:, heads:]
+            q_S[slot_T] = qkv[:, :heads]
+            rows = cache[first : first + n]
+            attn = F.scaled_dot_product_attention(
+                q_S.view(n, width, heads, dim).transpose(1, 2),
+                rows[:, :kv, :visible],
+                rows[:, kv:, :visible],
+                attn_mask=mask,
+                scale=self.scaling,
+                enable_gqa=heads != kv,
+            )
+            attn_T = attn.transpose(1, 2).reshape(n * width, heads * dim)[slot_T]
+            x = x + layer.o(attn_T)
+            gu = layer.gate_up(self._rms_norm(x, layer.norm_post))
+            x = x + layer.down(F.silu(gu[:, : self.intermediate]) * gu[:, self.intermediate :])
+        last_N = offsets_N + lengths_N - 1
+        return self.lm_head(self._rms_norm(x[last_N], self.final_norm))
 
 
 def _rope_tables(model: torch.nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,8 +27,10 @@ same bits, ~1.8x faster products at decode batch sizes.
 
 Decode steps of Llama-family models (Llama, Qwen2, Mistral) skip the model's forward: `LeanDecoder`
 (`relayrl.engine.decoder`) runs the same arithmetic on the same weights and cache rows with fewer,
-fused ops (same bits, 1.2-1.3x the tokens/s; `lean_decode=False` turns it off). Prefill, and
-decode of other architectures, run the model. Keys and values of a layer are the two halves of one
+fused ops (same bits, 1.2-1.3x the tokens/s; `lean_decode=False` turns it off), and so does
+their prefill (`LeanDecoder.prefill`: products on the prompts' tokens without padding; fp32
+logprobs equal the model's padded prefill to 1e-5; `lean_prefill=False` keeps the model's). Other
+architectures run the model. Keys and values of a layer are the two halves of one
 buffer (`_SlotLayer.both`), so a decode step stores both with one copy.
 
 Measured on the 2-core Xeon (AMX-bf16) with SmolLM2-135M, one decode step of the HF model:
@@ -273,10 +275,15 @@ class SlotKVCache(Cache):
         for layer in self._slots:
             layer.move_row(src, dst, length)
 
-    def buffers(self) -> list[torch.Tensor]:
-        """Every layer's key+value buffer (see `_SlotLayer.both`), grown to the plan first."""
+    def buffers(self, like: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Every layer's key+value buffer (see `_SlotLayer.both`), grown to the plan first.
+
+        `like` ([1, kv_heads, 1, head_dim], the cache's dtype) allocates buffers not made yet.
+        """
         plan = self._plan
         for layer in self._slots:
+            if layer.keys is None and like is not None:
+                layer.lazy_initialization(like, like)
             assert layer.keys is not None and layer.values is not None  # a prefill made them
             if layer.keys.shape[0] < plan.rows_cap or layer.keys.shape[2] < plan.cols_cap:
                 layer.lazy_initialization(layer.keys, layer.values)
@@ -370,6 +377,8 @@ class LocalEngine:
         num_threads: torch threads of the engine thread only (None: `default_num_threads()`).
         lean_decode: decode Llama-family models through `LeanDecoder` (False: through the model's
             own forward, kept for comparison and for architectures it does not cover).
+        lean_prefill: prefill through `LeanDecoder` too, where it decodes (False: through the
+            model's forward, padded; kept for comparison).
         prefix_cache_mb: memory for the KV of finished sequences, reused by later prompts that
             start with the same tokens (`relayrl.engine.prefix_cache`); 0 turns reuse off.
     """
@@ -386,6 +395,7 @@ class LocalEngine:
         max_prefill_tokens: int = 4096,
         num_threads: int | None = None,
         lean_decode: bool = True,
+        lean_prefill: bool = True,
         prefix_cache_mb: int = 512,
     ) -> None:
         if max_batch_size <= 0:
@@ -405,6 +415,7 @@ class LocalEngine:
         self.lean = (
             LeanDecoder.build(self.model, packed=self.packed_linears > 0) if lean_decode else None
         )
+        self.lean_prefill = lean_prefill and self.lean is not None
         config = self.model.config
         self._vocab_size = int(config.vocab_size)
         self._context_length = _context_length(config, max_context)
@@ -688,6 +699,9 @@ class LocalEngine:
             entry = s.reuse[0]  # type: ignore[index]
             assert entry is not None
             self._cache.load_row(first + i, entry.kv, starts[i])
+        if self.lean_prefill:
+            self._prefill_lean(seqs, starts)
+            return
         self._cache.plan_extend(first, starts, lengths, width)
         starts_N = torch.tensor(starts)
         pads_N = width - torch.tensor(lengths)
@@ -722,6 +736,10 @@ class LocalEngine:
 
     def _prefill(self, seqs: list[_Sequence], width: int) -> None:
         first = len(self._rows)
+        if self.lean_prefill:
+            self._cache.reserve(first + len(seqs), width + 1)
+            self._prefill_lean(seqs, [0] * len(seqs))
+            return
         pads = [width - len(s.prompt) for s in seqs]
         ids_N_L = torch.tensor([[0] * pad + s.prompt for pad, s in zip(pads, seqs, strict=True)])
         pads_N = torch.tensor(pads)
@@ -750,6 +768,27 @@ class LocalEngine:
             logits_to_keep=1,
         )
         self._advance(seqs, out.logits[:, -1])
+        self._retire()
+
+    def _prefill_lean(self, seqs: list[_Sequence], starts: list[int]) -> None:
+        """Prefill through `LeanDecoder` into the next rows (room reserved, reused columns loaded)."""
+        assert self.lean is not None
+        first = len(self._rows)
+        lean = self.lean
+        like = torch.empty(1, lean.kv_heads, 1, lean.head_dim, dtype=self.dtype, device=self.device)
+        caches = self._cache.buffers(like)
+        lengths = [len(s.prompt) - n for s, n in zip(seqs, starts, strict=True)]
+        ids = [t for s, n in zip(seqs, starts, strict=True) for t in s.prompt[n:]]
+        now = time.perf_counter()
+        for s in seqs:
+            s.started = now
+            s.cached = len(s.prompt)
+            s.epoch = self._epoch
+            s.reuse = None  # a reused entry's KV is copied; let it go
+        self._rows.extend(seqs)
+        ids_T = torch.tensor(ids, device=self.device)
+        logits_N_V = lean.prefill(ids_T, first, starts, lengths, caches)
+        self._advance(seqs, logits_N_V)
         self._retire()
 
     def _decode(self) -> None:
