@@ -135,3 +135,69 @@ def test_an_eval_gives_the_engine_the_update_cores_and_hands_them_back(
                              services=WithEngine(object(), 0))  # type: ignore[arg-type]
     with elsewhere._engine_takes_update_cores():
         pass
+
+
+def test_an_update_follows_the_threads_it_is_lent_at_each_layer_forward_and_backward(
+        tiny_llama_dir: str) -> None:
+    from relayrl.train.actor import Actor
+    from tests.train.test_actor import signed_batch
+
+    actor = Actor(tiny_llama_dir, TrainConfig(bf16=False))
+    batch, adv = signed_batch(actor)
+    layers = actor.compute_model.get_decoder().layers
+    seen: list[tuple[str, int]] = []
+    layers[0].register_forward_hook(lambda *_: seen.append(("forward", torch.get_num_threads())))
+    # the first layer's backward runs last: the count was set again by layer 1's backward hook
+    layers[0].register_full_backward_hook(
+        lambda *_: seen.append(("backward", torch.get_num_threads())))
+
+    def update(wanted: int | None, lent_in_backward: int | None = None) -> None:
+        actor.threads_wanted = wanted
+        if lent_in_backward is not None:  # lent mid-update: after the forward, before backward
+            layers[-1].register_forward_hook(
+                lambda *_: setattr(actor, "threads_wanted", lent_in_backward))
+        actor.update(batch, adv)
+
+    def on_a_worker(*steps: tuple[int | None, int | None]) -> None:
+        torch.set_num_threads(1)
+        for wanted, later in steps:
+            update(wanted, later)
+
+    worker = threading.Thread(target=on_a_worker, args=((None, None), (2, None), (1, 2)))
+    worker.start()
+    worker.join()
+    assert seen == [("forward", 1), ("backward", 1), ("forward", 2), ("backward", 2),
+                    ("forward", 1), ("backward", 2)]
+
+
+async def test_the_update_takes_the_engines_cores_once_no_rollout_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trainer, "usable_cores", lambda: 2)
+
+    class Actor:
+        threads_wanted: int | None = None
+
+    @dataclass
+    class Engine:
+        active: int = 0
+
+    @dataclass
+    class WithEngine:
+        engine: Engine
+        engine_threads: int = 1
+
+    actor, engine, running = Actor(), Engine(active=1), [3]
+    run = trainer._Run(RelayConfig(), actor=actor, services=WithEngine(engine))  # type: ignore[arg-type]
+    seen = []
+    async with run._lend_idle_engine_cores(lambda: running[0]) as lent:
+        for state in ((3, 1), (0, 1), (0, 0), (2, 0), (0, 0)):  # (episodes in flight, engine)
+            running[0], engine.active = state
+            await asyncio.sleep(0.12)
+            seen.append(actor.threads_wanted)
+    assert seen == [1, 1, 2, 1, 2]  # both idle: its own core and the engine's
+    assert actor.threads_wanted is None  # the next phase picks its own again
+    assert 0.15 < lent.seconds < 0.4
+    # a service's agents may call the engine at any time: no knowledge of rollouts, no lending
+    async with run._lend_idle_engine_cores(None) as lent:
+        assert actor.threads_wanted is None
+    assert lent.seconds == 0

@@ -126,12 +126,32 @@ class Actor:
             # measured 4.5x faster on this CPU (1.0 vs 4.5 s for SmolLM2, loaded machine).
             fused=self.device.type in ("cpu", "cuda"),
         )
+        self.threads_wanted: int | None = None
+        """Torch threads the computing thread should use from the next decoder layer on (forward
+        or backward); None leaves its count alone. Set from another thread: the trainer lends
+        an idle engine's cores to an update this way (`relayrl.train.trainer`)."""
+        if not config.compile:  # hooks would break the compiled layers' graphs
+            for layer in self.compute_model.get_decoder().layers:
+                layer.register_forward_pre_hook(self._follow_threads)
+                layer.register_forward_hook(self._follow_threads_in_backward)
         self.step = 0
         """Optimizer steps taken (across resumes)."""
         self.version = 0
         """Weight version: bumped by every optimizer step; what the engine is told it serves."""
         self._reference: Any = None
         self._reference_compute: Any = None
+
+    def _follow_threads(self, *_: Any) -> None:
+        wanted = self.threads_wanted
+        # OpenMP's count is the calling thread's own: this is the update's thread (forward, and
+        # backward, which torch runs on the thread that called it for CPU tensors)
+        if wanted is not None and wanted != torch.get_num_threads():
+            torch.set_num_threads(wanted)
+
+    def _follow_threads_in_backward(self, module: Any, args: Any, output: Any) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output
+        if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+            hidden.register_hook(lambda _grad: self._follow_threads())
 
     @classmethod
     def resume(cls, checkpoint: str | Path, config: TrainConfig, device: str = "cpu",

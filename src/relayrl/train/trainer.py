@@ -20,7 +20,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,7 +31,7 @@ import torch
 from relayrl.engine.local import usable_cores
 from relayrl.errors import ConfigError
 from relayrl.models import model_path
-from relayrl.rollout import Batch
+from relayrl.rollout import Batch, RolloutController
 from relayrl.train.actor import Actor
 from relayrl.train.advantages import compute_advantages
 from relayrl.train.checkpoint import latest_checkpoint
@@ -221,6 +221,23 @@ def _seed_everything(seed: int) -> None:
 
 
 @dataclass
+class _Lent:
+    """How long an update ran on an idle engine's cores too."""
+
+    seconds: float = 0.0
+    since: float | None = None
+    """When the current lending began (None: not lending now)."""
+
+    def toggle(self, now: float) -> None:
+        """Start lending, or stop and count the time."""
+        if self.since is None:
+            self.since = now
+        else:
+            self.seconds += now - self.since
+            self.since = None
+
+
+@dataclass
 class _Run:
     """One training run's moving parts."""
 
@@ -320,6 +337,46 @@ class _Run:
         finally:
             set_threads(None)
 
+    @contextlib.asynccontextmanager
+    async def _lend_idle_engine_cores(
+            self, rollouts_running: Callable[[], int] | None) -> AsyncIterator[_Lent]:
+        """While no rollout runs, the update computes on its threads plus the engine's.
+
+        Under the staleness rule, once the next batch's episodes have all finished none starts
+        again before this update's weights are pushed, so the engine stays idle for the rest of
+        the update; the actor picks the count up at its next decoder layer. Checked every 50 ms
+        on the loop (the update thread only reads an int).
+        """
+        lent = _Lent()
+        extra = int(getattr(self.services, "engine_threads", 0))
+        train = self.cfg.train
+        if (rollouts_running is None or extra < 1 or train.num_threads is not None
+                or not train.lend_engine_cores):
+            yield lent
+            return
+        actor, threads = self.actor, self.threads("rl")
+        engine = self.services.engine
+
+        async def watch() -> None:
+            while True:
+                idle = rollouts_running() == 0 and not getattr(engine, "active", 0)
+                if idle != (lent.since is not None):
+                    lent.toggle(time.perf_counter())
+                    actor.threads_wanted = threads + extra if idle else threads
+                await asyncio.sleep(0.05)
+
+        actor.threads_wanted = threads
+        task = asyncio.create_task(watch())
+        try:
+            yield lent
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if lent.since is not None:
+                lent.toggle(time.perf_counter())
+            actor.threads_wanted = None
+
     async def _eval_pass(self, workflow: Any, kwargs: dict[str, Any] | None,
                          items: Sequence[dict[str, Any]],
                          batches: list[RowBatch]) -> dict[int, float]:
@@ -355,7 +412,11 @@ class _Run:
                         batch = await controller.next_batch()
                 except StopAsyncIteration:
                     break
-                metrics = await self.step(batch)
+                # only our own rollouts stop under the staleness rule; agents of a service may
+                # call the engine at any time
+                running = (lambda c=controller: c.stats().running) if isinstance(
+                    controller, RolloutController) else None
+                metrics = await self.step(batch, running)
                 self.workflow_counters = dict(batch.stats.workflow)
                 if metrics.get("n_tokens", 0) == 0:
                     skipped += 1
@@ -379,13 +440,20 @@ class _Run:
                 if every and actor.step % every == 0 and actor.step < cfg.train.total_steps:
                     actor.save_checkpoint(cfg.checkpoint_dir)
 
-    async def step(self, batch: Batch) -> dict[str, float]:
-        """One RL step on a batch: advantages, update (off the event loop), push weights."""
+    async def step(self, batch: Batch,
+                   rollouts_running: Callable[[], int] | None = None) -> dict[str, float]:
+        """One RL step on a batch: advantages, update (off the event loop), push weights.
+
+        `rollouts_running` (episodes in flight) lets the update take an in-process engine's
+        cores from the moment no rollout runs (see `_lend_idle_engine_cores`).
+        """
         started = time.perf_counter()
         tb = TrainBatch.from_row_batch(batch.rows)
         adv = compute_advantages(tb, self.cfg.train)
         # rollouts keep sampling with the old weights while the update runs in a thread
-        metrics = await self.off_loop("rl", self.actor.update, adv.batch, adv.adv_B_T)
+        async with self._lend_idle_engine_cores(rollouts_running) as lent:
+            metrics = await self.off_loop("rl", self.actor.update, adv.batch, adv.adv_B_T)
+        metrics["update_lent_cores_s"] = lent.seconds
         if metrics.get("n_tokens", 0) == 0:
             # No signal (every group uniform): no optimizer step, but the version moves on, or
             # the staleness rule (which admits by version) would never admit another batch.
