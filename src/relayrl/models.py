@@ -216,9 +216,9 @@ def save_loaded_tokenizer_json(folder: Path) -> None:
 def cpu_has_bf16_units() -> bool:
     """Whether this CPU computes bf16 natively (AMX tiles or AVX512-BF16), not by emulation.
 
-    Both count: on the AMX Xeon and on an AVX512-BF16 EPYC (no AMX) bf16 decode ran 1.9-2.5x
-    fp32's tokens/s (benchmarks/RESULTS.md, "LocalEngine: bf16 against fp32"); without either,
-    bf16 is converted to fp32 around every product and runs slower than fp32.
+    Both count: on an AVX512-BF16 EPYC without AMX the engine decoded 1.8-2.6x fp32's tokens/s
+    in bf16 (benchmarks/RESULTS.md, "LocalEngine vs vLLM-CPU"); without either, bf16 is
+    converted to fp32 around every product and runs slower than fp32.
     """
     import torch  # here: the gateway imports this module without torch
 

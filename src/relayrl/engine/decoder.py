@@ -213,7 +213,6 @@ class LeanDecoder:
             x = x + layer.down(F.silu(gu[:, : self.intermediate]) * gu[:, self.intermediate :])
         return self.lm_head(self._rms_norm(x, self.final_norm))
 
-
     def prefill(
         self,
         ids_T: torch.Tensor,
