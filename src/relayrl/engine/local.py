@@ -78,6 +78,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from relayrl.engine.base import validate_request
+from relayrl.engine.cpu_kernels import decode_attention_kernel
 from relayrl.engine.decoder import LeanDecoder
 from relayrl.engine.prefix_cache import BLOCK, PrefixCache, PrefixEntry, PrefixStats
 from relayrl.engine.sampling import RowParams, sample
@@ -379,6 +380,8 @@ class LocalEngine:
             own forward, kept for comparison and for architectures it does not cover).
         lean_prefill: prefill through `LeanDecoder` too, where it decodes (False: through the
             model's forward, padded; kept for comparison).
+        decode_kernel: on CPU, attend at decode with relayrl's compiled kernel
+            (`relayrl.engine.cpu_kernels`) instead of torch's SDPA, where it builds here.
         prefix_cache_mb: memory for the KV of finished sequences, reused by later prompts that
             start with the same tokens (`relayrl.engine.prefix_cache`); 0 turns reuse off.
     """
@@ -396,6 +399,7 @@ class LocalEngine:
         num_threads: int | None = None,
         lean_decode: bool = True,
         lean_prefill: bool = True,
+        decode_kernel: bool = True,
         prefix_cache_mb: int = 512,
     ) -> None:
         if max_batch_size <= 0:
@@ -412,8 +416,13 @@ class LocalEngine:
         self.model.to(self.device).eval()
         self.packed_linears = _pack_linears(self.model)
         # None for architectures it does not reproduce: those decode through the model's forward.
+        kernel = (
+            decode_attention_kernel() if decode_kernel and self.device.type == "cpu" else None
+        )
         self.lean = (
-            LeanDecoder.build(self.model, packed=self.packed_linears > 0) if lean_decode else None
+            LeanDecoder.build(self.model, packed=self.packed_linears > 0, attention=kernel)
+            if lean_decode
+            else None
         )
         self.lean_prefill = lean_prefill and self.lean is not None
         config = self.model.config
