@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from relayrl.client.pool import pooled_client
 from relayrl.remote_rollout.config import ServerConfig
 from relayrl.remote_rollout.schemas import (
     FinishReason,
@@ -68,10 +69,9 @@ class AppState:
     def open_client(self) -> httpx.AsyncClient:
         """The shared client (made on first use, inside the running loop)."""
         if self.http_client is None:
-            self.http_client = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.config.http_client_timeout, connect=30.0),
-                limits=httpx.Limits(max_connections=None,
-                                    max_keepalive_connections=self.config.max_concurrent_rollouts))
+            self.http_client = pooled_client(
+                self.config.http_client_timeout, self.config.max_concurrent_rollouts
+            )
         return self.http_client
 
     async def aclose(self) -> None:

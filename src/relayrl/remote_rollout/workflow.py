@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import ValidationError
 
+from relayrl.client.pool import pooled_client
 from relayrl.client.session_client import SessionClient, SessionHandle
 from relayrl.errors import ConfigError, EpisodeFailed
 from relayrl.remote_rollout.schemas import (
@@ -174,9 +175,7 @@ class RemoteRolloutWorkflow(RolloutWorkflow):
     def http(self) -> httpx.AsyncClient:
         """The client for the rollout server (episode-long timeout, no connection cap)."""
         if self._http is None:
-            self._http = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.config.rollout_timeout_s, connect=30.0),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            self._http = pooled_client(self.config.rollout_timeout_s)
         return self._http
 
     async def tools(self) -> list[ToolDefinition]:

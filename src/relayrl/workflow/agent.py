@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from relayrl.client.pool import pooled_client
 from relayrl.client.session_client import SessionClient, SessionHandle
 from relayrl.errors import ConfigError, InvalidRequest
 from relayrl.trajectory import (
@@ -132,9 +133,7 @@ class AgentWorkflow(RolloutWorkflow):
         calls want a short one while a CPU model may take minutes to answer.
         """
         if self._http is None:
-            self._http = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.config.http_timeout_s, connect=30.0),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            self._http = pooled_client(self.config.http_timeout_s)
         return self._http
 
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, TrajectoryRow] | None:
