@@ -1,0 +1,63 @@
+"""The math agent's reward through a real gateway: correct 1, wrong 0, never answered its own value.
+
+The agent is the real MathAgent (openai-agents over HTTP); the engine is a FakeEngine scripted to
+answer like the teacher, or to call a tool forever.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+
+import pytest
+
+from relayrl.client import SessionClient
+from relayrl.engine.fake import FakeEngine
+from relayrl.gateway.config import GatewayConfig
+from relayrl.gateway.server import GatewayThread, build_deps
+from relayrl.models import model_path
+from relayrl.types import GenerateRequest
+from relayrl.workflow import AgentWorkflow, EpisodeContext, episode_scope
+from tests.examples import load_example
+
+teacher = load_example("math_agent", "teacher")
+agent_module = load_example("math_agent", "agent")
+TASK = {"messages": [{"role": "user", "content": "What is 3 + 4? Use the add and multiply tools, "
+                                                 "then give the final number."}], "answer": "7"}
+
+
+async def _reward(model_dir: str, script: Callable[[GenerateRequest], str],
+                  **agent_kwargs: float) -> float:
+    path = model_path(model_dir)
+    engine = FakeEngine(script, tokenizer_path=path)
+    key = secrets.token_hex(16)
+    config = GatewayConfig(model=path, engine="fake", admin_key=key, model_label="m",
+                           batch_size=1, max_staleness=0)
+    agent = agent_module.MathAgent(model="m", max_turns=3, **agent_kwargs)
+    with GatewayThread(build_deps(config, engine=engine)) as gateway:
+        async with SessionClient(gateway.url, key) as client:
+            workflow = AgentWorkflow(agent, client)
+            try:
+                with episode_scope(EpisodeContext(task_id="t", episode_id="e")):
+                    rows = await workflow.arun_episode(engine, TASK)
+            finally:
+                await workflow.aclose()
+    (row,) = (rows or {}).values()
+    return row.reward
+
+
+def _looping(request: GenerateRequest) -> str:
+    return teacher.tool_call_text("add", {"a": 3, "b": 4})
+
+
+@pytest.mark.parametrize("unanswered", [0.0, -0.5])
+async def test_an_episode_that_never_answers_gets_the_unanswered_reward(
+    model_dir: str, unanswered: float
+) -> None:
+    assert await _reward(model_dir, _looping, unanswered_reward=unanswered) == unanswered
+
+
+async def test_right_and_wrong_answers_keep_one_and_zero(model_dir: str) -> None:
+    right = teacher.teacher_script(model_dir)
+    assert await _reward(model_dir, right, unanswered_reward=-0.5) == 1.0
+    assert await _reward(model_dir, lambda r: "The answer is 8.", unanswered_reward=-0.5) == 0.0
