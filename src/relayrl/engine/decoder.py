@@ -10,9 +10,10 @@ most of the step. This step reads the same weights and the same cache but:
   `_pack_linears`), so a layer makes 4 matrix products, not 7;
 - applies rotary to q and k together with a precomputed cos/sin table (4 ops, the same
   arithmetic as transformers' `apply_rotary_pos_emb`, so the same bits);
-- writes each layer's new key/value straight into the cache rows and attends with one
-  `scaled_dot_product_attention` call per layer over the key/value heads (GQA packed as
-  transformers does for one query token), with no mask when every row sees every column;
+- writes each layer's new key/value straight into the cache rows and attends with one call per
+  layer over the key/value heads (GQA packed as transformers does for one query token): the
+  compiled CPU kernel of `cpu_kernels` where it is built, else `scaled_dot_product_attention`,
+  with no mask when every row sees every column;
 - keeps transformers' numerics where they matter (RMSNorm in fp32, residuals in the model dtype),
   so logprobs still match a fresh forward pass.
 

@@ -415,10 +415,9 @@ class LocalEngine:
             raise ModelError(f"cannot load a causal LM from {model_path!r}: {e}") from e
         self.model.to(self.device).eval()
         self.packed_linears = _pack_linears(self.model)
+        use_kernel = lean_decode and decode_kernel and self.device.type == "cpu"
+        kernel = decode_attention_kernel() if use_kernel else None
         # None for architectures it does not reproduce: those decode through the model's forward.
-        kernel = (
-            decode_attention_kernel() if decode_kernel and self.device.type == "cpu" else None
-        )
         self.lean = (
             LeanDecoder.build(self.model, packed=self.packed_linears > 0, attention=kernel)
             if lean_decode
