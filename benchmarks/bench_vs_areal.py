@@ -21,7 +21,11 @@ Sessions are opened before a measurement and ended after it (not timed), `--per-
 calls each, because AReaL's proxy links a call to its parent by scanning the session's earlier
 calls: an agent session holds a handful of calls, not thousands. The episode row times a whole
 episode: start a session, 5 calls with a growing history (each reply's role and content sent
-back, then a new user turn), end it; AReaL's per-session capacity is granted beforehand.
+back, then a new user turn), end it; AReaL's per-session capacity is granted beforehand. The
+last row runs 51-call episodes the same way (the history grows from 2 to 102 messages), reports
+calls/s and the p50 of the calls at 102 messages, and under it the ratio of that p50 to the p50
+of the same episodes' first calls (2 messages): how a call's latency grows with its history in
+an agent loop, where each call continues the one before.
 """
 
 from __future__ import annotations
@@ -210,7 +214,11 @@ ROWS = [
     Row("5-turn episode (start, 5 calls, end), c=1", 1, "episode"),
     Row("102 messages, repeated history, c=1", 1, "chat", messages=102),
     Row("102 messages, unique histories, c=1", 1, "chat", messages=102, unique=True),
+    Row("agent episode's call at 102 messages (51 calls, history grows), c=1", 1, "grow",
+        messages=102),
 ]
+GROW_CALLS = 51
+"""Calls in a "grow" row's episode: the history goes from 2 to 102 messages, replies sent back."""
 
 
 async def measure(http: Any, srv: Server, row: Row, n: int, per_session: int) -> dict[str, float]:
@@ -244,7 +252,26 @@ async def measure(http: Any, srv: Server, row: Row, n: int, per_session: int) ->
             msgs.append({"role": "user", "content": f"Now add {turn} to that."})
         await end_session(http, srv, key)
 
-    unit: Callable[[int], Awaitable[None]] = chat if row.kind == "chat" else episode
+    by_length: dict[int, list[float]] = {}
+
+    async def grow(i: int) -> None:
+        key = await open_session_no_grant(http, srv)
+        msgs = history(2, f"Episode {run_id}-{i}: what is 21 times 2?")
+        for turn in range(GROW_CALLS):
+            t = time.perf_counter()
+            raw = await post(http, url, key, body(msgs))
+            by_length.setdefault(len(msgs), []).append(time.perf_counter() - t)
+            msgs.append({"role": "assistant",
+                         "content": json.loads(raw)["choices"][0]["message"]["content"]})
+            msgs.append({"role": "user", "content": f"Now add {turn} to that."})
+        await end_session(http, srv, key)
+
+    if row.kind == "grow":
+        n = max(1, n // 6)  # episodes of 51 calls: a tenth of the chat rows' calls, or so
+        if srv.grant_capacity:
+            for _ in range(n):
+                await post(http, f"{srv.url}/grant_capacity", ADMIN, b"{}")
+    unit: Callable[[int], Awaitable[None]] = {"chat": chat, "episode": episode, "grow": grow}[row.kind]
     times: list[float] = []
     counter = iter(range(n))
 
@@ -259,6 +286,9 @@ async def measure(http: Any, srv: Server, row: Row, n: int, per_session: int) ->
     wall = time.perf_counter() - t0
     for k in keys:
         await end_session(http, srv, k)
+    if row.kind == "grow":  # calls/s; p50 of the calls at `row.messages`, and of the first calls
+        return {"rps": n * GROW_CALLS / wall, "p50": statistics.median(by_length[row.messages]) * 1e3,
+                "p50_first": statistics.median(by_length[2]) * 1e3}
     return {"rps": n / wall, "p50": statistics.median(times) * 1e3}
 
 
@@ -300,6 +330,14 @@ async def run_all(servers: list[Server], rows: list[Row], args: argparse.Namespa
                 line += (f" | **{statistics.median(per):.1f}×** "
                          f"({', '.join(f'{p:.1f}' for p in per)}) | {p50:.1f}× |")
             print(line + (" |" if len(servers) == 1 else ""), flush=True)
+            if row.kind == "grow":  # the same episodes' first calls: how latency grows with history
+                for s in servers:
+                    per = [x["p50"] / x["p50_first"] for x in got[s.name]]
+                    print(f"|   {s.name}: p50 at {row.messages} messages / p50 at 2 messages, same "
+                          f"episodes: **{statistics.median(per):.2f}** "
+                          f"({', '.join(f'{p:.2f}' for p in per)}); p50 at 2 messages "
+                          f"{statistics.median(x['p50_first'] for x in got[s.name]):.2f} ms |",
+                          flush=True)
 
 
 def main() -> None:

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from relayrl.chat.conversation import Conversation, Message, Tool, ToolCall
+from relayrl.chat.conversation import Conversation, Message, Tool, ToolCall, canonical_message
 from relayrl.chat.parsers import parse_reply
-from relayrl.chat.renderer import Renderer, canonical_message, first_divergence, template_message
+from relayrl.chat.renderer import Renderer, first_divergence, template_message
 from relayrl.errors import InvalidRequest
 
 MODELS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
@@ -416,6 +416,20 @@ DROPS_OLD_REASONING = CHATML_LOOP
 """Renders reasoning only on the last message, as Qwen3's template drops earlier reasoning."""
 COUNTS_MESSAGES = "<|im_start|>system\n{{ messages | length }} messages<|im_end|>\n" + CHATML_LOOP
 """Rewrites its first line on every turn: never append-only."""
+NUMBERS_TURNS = (
+    "{% for m in messages %}<|im_start|>{{ m.role }} {{ loop.index }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {{ messages | length + 1 }}\n"
+    "{% endif %}"
+)
+"""Append-only, but a turn's text depends on how many came before: not local."""
+WANTS_USER_AFTER_SYSTEM = (
+    "{% for m in messages %}"
+    "{% if loop.index0 == 1 and messages[0].role == 'system' and m.role != 'user' %}"
+    "{{ raise_exception('the first turn after the system prompt must be the user') }}{% endif %}"
+    "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""Local, but refuses a window that drops the first user turn (as role-order checks do)."""
 
 
 @pytest.fixture(scope="module")
@@ -522,3 +536,75 @@ def test_the_sandbox_fast_path_resolves_dict_attributes_as_jinjas_sandbox_does()
         theirs = ImmutableSandboxedEnvironment().from_string(source).render(m=m)
         assert ours == theirs
     assert compile_template(source).render(m={"role": "user"}).startswith("user|False|True|user|")
+
+
+def long_run(turns: int) -> list[Message]:
+    """A system prompt, a question, then `turns` assistant/user exchanges."""
+    msgs = [Message("system", "be brief"), Message("user", "q0")]
+    for i in range(turns):
+        msgs += [Message("assistant", f"a{i}"), Message("user", f"q{i + 1}")]
+    return msgs
+
+
+def walk_extend(r: Renderer, msgs: list[Message]) -> list[tuple[list[int], list[int]]]:
+    """Every call of `msgs` built with `extend` from the previous one, beside its full render."""
+    pairs = []
+    prev_ids: list[int] | None = None
+    for i in range(2, len(msgs) + 1, 2):
+        conv = Conversation(tuple(msgs[:i]))
+        full = r.render(conv)
+        ids = full if prev_ids is None else r.extend(prev_ids, msgs[:i - 1], conv)
+        assert ids is not None
+        pairs.append((ids, full))
+        if i < len(msgs):
+            reply = r.encode(msgs[i].content + "<|im_end|>")
+            prev_ids = ids + reply
+    return pairs
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_extend_renders_a_window_not_the_whole_history_and_still_equals_a_full_render(
+    model: str, renderer_for: Callable[[str], Renderer], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    r = renderer_for(model)
+    assert r.renders_locally
+    msgs = long_run(30)
+    for ids, full in walk_extend(r, msgs):
+        assert ids == full
+    conv = Conversation(tuple(msgs[:60]))
+    expected = r.render(conv)
+    prev_ids = r.render(Conversation(tuple(msgs[:58]))) + r.encode(msgs[58].content + "<|im_end|>")
+    rendered: list[int] = []
+    real = r._render_dicts
+
+    def counting(messages: list[dict[str, Any]], *args: Any) -> str:
+        rendered.append(len(messages))
+        return real(messages, *args)
+
+    monkeypatch.setattr(r, "_render_dicts", counting)
+    assert r.extend(prev_ids, msgs[:59], conv) == expected
+    # the first message and two earlier turns, without and with the new one: not all 60
+    assert rendered == [3, 4]
+
+
+def test_a_template_that_numbers_turns_is_not_local_and_extend_renders_everything(
+    smol_tokenizer: Tokenizer,
+) -> None:
+    r = custom(smol_tokenizer, NUMBERS_TURNS)
+    assert r.extends_prefix and not r.renders_locally
+    for ids, full in walk_extend(r, long_run(6)):
+        assert ids == full
+    assert r.decode(walk_extend(r, long_run(6))[-1][0]).endswith(
+        "<|im_start|>user 14\nq6<|im_end|>\n<|im_start|>assistant 15\n")
+    r.renders_locally = True  # what a window would have numbered instead
+    assert walk_extend(r, long_run(6))[-1][0] != walk_extend(r, long_run(6))[-1][1]
+
+
+def test_a_window_the_template_refuses_falls_back_to_the_whole_history(
+    smol_tokenizer: Tokenizer,
+) -> None:
+    r = custom(smol_tokenizer, WANTS_USER_AFTER_SYSTEM)
+    assert r.extends_prefix and not r.renders_locally  # the probe's window was refused
+    r.renders_locally = True  # as if the probes had not caught it: the window must still be safe
+    for ids, full in walk_extend(r, long_run(6)):
+        assert ids == full

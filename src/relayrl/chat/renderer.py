@@ -31,6 +31,11 @@ opens a new segment instead of training on a prompt nobody saw.
 `extends_prefix` says whether the template is append-only for the conversations the gateway
 produces: after each assistant turn, the render of the conversation so far is a prefix of the
 next render (checked on probes: plain turns, tool calls and results, tools listed, reasoning).
+`renders_locally` says, on the same probes, whether the new turns' text comes out the same when
+only the first message and the last earlier turn are rendered beside them. Then `extend` renders
+that short window (the first message and the last `EXTEND_WINDOW` turns) instead of the whole
+history twice, so a call late in a 100-message episode costs about what the second call does;
+a template that numbers its turns, or refuses the window, renders everything as before.
 
 What HF does that we copy on purpose: message keys whose value is None are dropped; reasoning is
 given as `reasoning_content` and aliased as `thinking`; special tokens (`bos_token`, `eos_token`, ...)
@@ -62,7 +67,6 @@ from relayrl.chat.conversation import (
     Message,
     Tool,
     ToolCall,
-    canonical_message,
 )
 from relayrl.errors import InvalidRequest, ModelError
 
@@ -227,8 +231,12 @@ def template_tools(tools: Sequence[Tool]) -> list[dict[str, Any]] | None:
 
 def first_divergence(prev: Sequence[Message], messages: Sequence[Message]) -> int | None:
     """Index of the first message of `prev` that `messages` does not repeat; None if it extends `prev`."""
+    # canonical_bytes is cached on each message: the session's parent lookup has computed it
     for i, m in enumerate(prev):
-        if i >= len(messages) or canonical_message(m) != canonical_message(messages[i]):
+        if i >= len(messages):
+            return i
+        n = messages[i]
+        if m is not n and m.canonical_bytes != n.canonical_bytes:
             return i
     return None
 
@@ -286,6 +294,10 @@ PIECE_CACHE_MAX_PIECE = 1 << 16
 """Pieces longer than this (a huge tool result) are encoded every time rather than cached."""
 LONG_TEXT_CHARS = 1 << 16
 """Texts longer than this are encoded whole, past the piece cache, with the GIL released."""
+EXTEND_WINDOW = 2
+"""Earlier messages (besides the first) rendered beside a call's new turns when the template
+renders locally: enough for templates that look back at the previous turn (Qwen's tool-result
+grouping)."""
 
 
 class PieceEncoder:
@@ -454,6 +466,10 @@ class Renderer:
         render, for the conversations the gateway produces (plain turns, tool calls and results,
         tools listed, replies with reasoning). When True, `extend` equals a full render whenever the model wrote exactly
         what the template renders for its reply."""
+        self.renders_locally: bool = self.extends_prefix and self._probe_local()
+        """Whether the new turns render the same beside only the first and the last earlier
+        messages as beside the whole history (checked on the same probes): then `extend` renders
+        that window, not the whole conversation twice."""
 
     @classmethod
     def from_pretrained(cls, path: str) -> Renderer:
@@ -544,18 +560,38 @@ class Renderer:
         # Ended by length, or by a stop token the template does not write: close the turn fully.
         return end
 
-    def _new_turns_text(self, prev_msgs: Sequence[Message], conv: Conversation) -> str | None:
-        """The template's text for the turns after `prev_msgs`, plus the generation prompt."""
+    def _new_turns_text(self, prev_msgs: Sequence[Message], conv: Conversation,
+                        window: int | None = EXTEND_WINDOW) -> str | None:
+        """The template's text for the turns after `prev_msgs`, plus the generation prompt.
+
+        With a `window` (and a template probed to render locally), only the first message and the
+        last `window` earlier messages are rendered beside the new turns: a long history costs
+        what a short one does. A window the template refuses or that does not line up falls back
+        to rendering everything.
+        """
         assert self._turn_end is not None
         tools, kwargs = conv.rendered_tools(), conv.template_kwargs
         # The history is rendered as stored, not as re-sent: the two are canonically equal, but a
         # client may have re-serialized tool-call JSON, which the template would render differently.
-        everything = (*prev_msgs, *conv.messages[len(prev_msgs):])
-        attempts = ((tuple(prev_msgs), everything),
-                    (_without_reasoning(prev_msgs), _without_reasoning(everything)))
-        for before, after in attempts:
+        before = tuple(prev_msgs)
+        new = conv.messages[len(prev_msgs):]
+        if window is not None and self.renders_locally and len(before) > window + 1:
+            try:
+                text = self._text_after((before[0], *before[-window:]), new, tools, kwargs)
+            except InvalidRequest:  # e.g. a template that wants roles in order
+                text = None
+            if text is not None:
+                return text
+        return self._text_after(before, new, tools, kwargs)
+
+    def _text_after(self, before: tuple[Message, ...], new: Sequence[Message],
+                    tools: Sequence[Tool], kwargs: Mapping[str, Any]) -> str | None:
+        assert self._turn_end is not None
+        for attempt in range(2):
+            if attempt:  # not append-only with reasoning (the template drops old reasoning)
+                before, new = _without_reasoning(before), _without_reasoning(new)
             head = self._render(before, tools, kwargs, add_generation_prompt=False)
-            full = self._render(after, tools, kwargs, add_generation_prompt=True)
+            full = self._render((*before, *new), tools, kwargs, add_generation_prompt=True)
             if full.startswith(head) and head.endswith(self._turn_end.text):
                 return full[len(head):]
         return None
@@ -627,6 +663,28 @@ class Renderer:
                 except InvalidRequest:
                     return False
                 if not (head.startswith(prompt) and full.startswith(head)):
+                    return False
+        return True
+
+    def _probe_local(self) -> bool:
+        """Check that a one-message window gives the new turns' text a full render gives."""
+        tool = Tool(name="probe_tool", description="a probe", parameters={
+            "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]})
+        for conv in _probe_conversations(tool):
+            for i, m in enumerate(conv.messages[:-1]):
+                if m.role != "assistant" or i < 2:
+                    continue
+                prev = conv.messages[:i + 1]
+                ends = [j for j in range(i + 1, len(conv.messages))
+                        if conv.messages[j].role == "assistant"]
+                call = Conversation(conv.messages[:ends[0] if ends else None], conv.tools)
+                try:
+                    local = self._new_turns_text(prev, call, window=None)
+                    windowed = self._text_after((prev[0], prev[-1]), call.messages[i + 1:],
+                                                call.rendered_tools(), call.template_kwargs)
+                except InvalidRequest:
+                    return False
+                if local != windowed:
                     return False
         return True
 
