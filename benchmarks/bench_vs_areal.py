@@ -216,6 +216,7 @@ ROWS = [
     Row("102 messages, unique histories, c=1", 1, "chat", messages=102, unique=True),
     Row("agent episode's call at 102 messages (51 calls, history grows), c=1", 1, "grow",
         messages=102),
+    Row("2 messages, unique histories, c=1", 1, "chat", unique=True),
 ]
 GROW_CALLS = 51
 """Calls in a "grow" row's episode: the history goes from 2 to 102 messages, replies sent back."""
@@ -232,11 +233,13 @@ async def measure(http: Any, srv: Server, row: Row, n: int, per_session: int) ->
     run_id = uuid.uuid4().hex[:8]
     url = srv.url + srv.chat_path
     fixed = body(history(row.messages), row.stream)
+    # unique bodies are made before the clock starts: a call's time is the server's round trip,
+    # not the client's json.dumps of a 102-message history
+    unique = [body(history(row.messages, f"And what is 21 times 2? ({run_id}-{i})"), row.stream)
+              for i in range(n)] if row.unique else []
 
     async def chat(i: int) -> None:
-        data = fixed
-        if row.unique:
-            data = body(history(row.messages, f"And what is 21 times 2? ({run_id}-{i})"))
+        data = unique[i] if row.unique else fixed
         raw = await post(http, url, keys[i % len(keys)], data)
         if row.stream and not raw.rstrip().endswith(b"data: [DONE]"):
             raise RuntimeError(f"{srv.name}: stream did not end with [DONE]: {raw[-200:]!r}")

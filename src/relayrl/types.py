@@ -53,6 +53,9 @@ class GenerateRequest:
     prompt_ids: Sequence[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    tokenizer_ids: bool = False
+    """The prompt ids came from the model's own tokenizer or were sampled by the engine (the
+    gateway's prompts), so they are in the vocabulary: engines skip the per-token range check."""
 
 
 @dataclass(frozen=True)

@@ -177,3 +177,15 @@ def test_token_ids_outside_the_vocabulary_are_named(prompt: list[int], stops: li
     else:
         with pytest.raises(InvalidRequest, match=f"token id {bad} is outside the vocabulary"):
             validate_request(request, context_length=1000, vocab_size=100)
+
+
+def test_the_range_check_of_tokenizer_made_prompt_ids_is_skipped_but_not_of_stop_ids() -> None:
+    from relayrl.engine.base import validate_request
+
+    def request(stops: list[int]) -> GenerateRequest:
+        return GenerateRequest(prompt_ids=[1, 100], tokenizer_ids=True,
+                               params=SamplingParams(max_new_tokens=4, stop_token_ids=stops))
+
+    validate_request(request([]), context_length=1000, vocab_size=100)  # trusted: not scanned
+    with pytest.raises(InvalidRequest, match="token id 100 is outside the vocabulary"):
+        validate_request(request([3, 100]), context_length=1000, vocab_size=100)

@@ -213,3 +213,30 @@ def test_a_turn_keeps_its_canonical_bytes_and_a_lone_surrogate_still_hashes() ->
     call(s, [m], "ok")
     assert s.locate(Conversation((m, Message(role="assistant", content="ok"),
                                   user("next")))).parent is not None
+
+
+def test_a_call_sharing_turns_with_the_last_one_hashes_only_what_follows_them() -> None:
+    s = Session("s")
+    h = [sys_msg(), user("task")]
+    for k in range(20):
+        call(s, h, f"reply {k}")
+        h = [*h, assistant(f"reply {k}"), user(f"next {k}")]
+    shared = tuple(h[:-1])
+    calls = [Conversation((*shared, user("variant a"))), Conversation((*shared, user("variant b"))),
+             Conversation((*shared[:9], replace(shared[9], content="edited"), *shared[10:],
+                           user("variant c"))),
+             Conversation(tuple(h))]
+    reused = []
+    for conv in calls:
+        before = s._trail[1]
+        located = s.locate(conv)
+        # the running hashes of the turns shared with the last call are reused, not recomputed
+        reused.append(sum(a is b for a, b in zip(s._trail[1], before, strict=False)))
+        fresh = Session("s2")
+        fresh.__dict__.update({k: v for k, v in s.__dict__.items() if k not in ("_trail", "id")})
+        again = fresh.locate(conv)  # the same calls, no trail: hashes every turn
+        assert (located.parent, located.reason, located.new_messages) == (
+            again.parent, again.reason, again.new_messages)
+    # 19 replies shared with the last recorded call, then all 20, then the 4 before the edit
+    assert reused == [19, 20, 4, 4]
+    assert s.locate(calls[-1]).parent is not None  # the real follow-up still finds its parent

@@ -53,6 +53,13 @@ class Message:
         # lookup hashes every turn of every call: the cache makes a re-sent turn nearly free.
         return canonical_message(self).encode("utf-8", "surrogatepass")
 
+    @functools.cached_property
+    def verbatim_key(self) -> tuple[Any, ...]:
+        """Every field a chat template reads, as a hashable tuple, computed once per turn."""
+        # the gateway's render cache keys conversations by these; re-sent turns are interned
+        calls = tuple([(c.id, c.name, c.arguments) for c in self.tool_calls])
+        return (self.role, self.content, self.reasoning, self.tool_call_id, self.name, calls)
+
 
 @dataclass(frozen=True)
 class Tool:

@@ -453,6 +453,7 @@ class Renderer:
             raise ModelError("the tokenizer has no eos token (tokenizer_config.json eos_token)")
         self.eos_token_id: int = eos_id
         self._pieces = PieceEncoder.for_tokenizer(tokenizer)
+        self._openers = tuple(self._added)
         self._turn_end = self._probe_turn_end()
         stops = [eos_id]
         if self._turn_end is not None and self._turn_end.token_id is not None:
@@ -517,6 +518,42 @@ class Renderer:
         except jinja2.TemplateError as e:
             # raise_exception() in a template rejects the conversation (e.g. roles out of order).
             raise InvalidRequest(f"the chat template rejected the conversation: {e}") from e
+
+    # -- rendering after a known head ----------------------------------------------------------
+
+    def render_with_head(self, conv: Conversation, head: int) -> tuple[list[int], int | None]:
+        """`render(conv)`, and how many of its ids are the render of its first `head` messages.
+
+        The count is given (else None) only when the template renders locally, message `head - 1`
+        is an assistant turn, and the ids split there exactly: the head's ids followed by the ids
+        of the rest, which opens on a special token. `render_after_head` builds later
+        conversations with the same head from those ids.
+        """
+        text = self.render_text(conv)
+        ids = self.encode(text)
+        tail = self._tail_text(conv, head)
+        if tail is None or not text.endswith(tail):
+            return ids, None
+        head_ids = self.encode(text[:len(text) - len(tail)])
+        if [*head_ids, *self.encode(tail)] != ids:
+            return ids, None
+        return ids, len(head_ids)
+
+    def render_after_head(self, head_ids: Sequence[int], conv: Conversation,
+                          head: int) -> list[int] | None:
+        """`render(conv)` given the ids `render_with_head` found for its first `head` messages:
+        only the turns after them are rendered (beside a window) and encoded. None if it cannot."""
+        tail = self._tail_text(conv, head)
+        return None if tail is None else [*head_ids, *self.encode(tail)]
+
+    def _tail_text(self, conv: Conversation, head: int) -> str | None:
+        messages = conv.messages
+        if (not self.renders_locally or self._pieces is None or not 0 < head < len(messages)
+                or messages[head - 1].role != "assistant"):
+            return None
+        # Opening on a special token makes the boundary clean: the tokenizer splits there first.
+        text = self._new_turns_text(messages[:head], conv)
+        return text if text and text.startswith(self._openers) else None
 
     # -- incremental encoding -------------------------------------------------------------------
 

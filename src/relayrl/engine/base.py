@@ -69,9 +69,10 @@ def validate_request(request: GenerateRequest, context_length: int, vocab_size: 
             f"prompt has {len(request.prompt_ids)} tokens; the model's context is "
             f"{context_length} tokens and at least one must be left for the output"
         )
-    ids = request.prompt_ids
-    # min/max run in C; the comprehension that names the bad id only runs when one is
-    in_range = min(ids) >= 0 and max(ids) < vocab_size and all(
+    # min/max run in C, yet cost ~25 µs per 1k ids: skipped for ids the tokenizer made
+    ids = () if request.tokenizer_ids else request.prompt_ids
+    # the comprehension that names the bad id only runs when one is
+    in_range = (not ids or (min(ids) >= 0 and max(ids) < vocab_size)) and all(
         0 <= t < vocab_size for t in p.stop_token_ids)
     bad = [] if in_range else [t for t in (*ids, *p.stop_token_ids) if not 0 <= t < vocab_size]
     if bad:

@@ -59,8 +59,12 @@ class RenderCache:
     GRPO sends each prompt `group_size` times and agents retry calls, so the same conversation is
     rendered again and again; a hit skips the chat template and the tokenizer. The key holds every
     field the template reads, verbatim (unlike the session's forgiving hash), so a hit is always
-    the ids a fresh render gives. The tradeoff: building the key costs about 0.2 µs a message
-    even when it misses, and the cache holds references to the keys' text.
+    the ids a fresh render gives. A conversation that misses but whose head (everything up to its
+    last assistant turn) was rendered before, as when a client re-sends a long history with a new
+    last turn outside a session's parent chain, renders and encodes only the turns after the head
+    (`Renderer.render_after_head`, for templates that render locally). The tradeoffs: a miss that
+    may become a head costs a second, split encode; building a key costs a tuple per message (each
+    message keeps its own, `Message.verbatim_key`); the cache holds references to the keys' text.
     """
 
     def __init__(self, max_tokens: int = RENDER_CACHE_TOKENS,
@@ -70,17 +74,35 @@ class RenderCache:
         self.max_tokens, self.max_entries = max_tokens, max_entries
         self.hits = 0
         self.misses = 0
+        self.head_hits = 0
+        """Misses served from a cached head (the turns after it rendered and encoded alone)."""
 
     def render(self, renderer: Renderer, conv: Conversation) -> list[int]:
-        """`renderer.render(conv)`, from the cache when this exact conversation was rendered."""
+        """`renderer.render(conv)`, from the cache when this exact conversation was rendered, or
+        from the cached ids of everything up to its last assistant turn (its head)."""
         if not renderer.deterministic:
             return renderer.render(conv)
         key = render_key(conv)
         ids = self.get(key)
         if ids is not None:
             return ids
-        fresh = renderer.render(conv)
+        head = last_assistant_turn(conv)
+        head_key: Hashable = None
+        if head >= HEAD_MIN_MESSAGES:
+            head_key = ("head", key[0][:head], key[1], key[2])  # type: ignore[index]
+            head_ids = self._ids.get(head_key)
+            if head_ids is not None:
+                fresh = renderer.render_after_head(head_ids, conv, head)
+                if fresh is not None:
+                    self._ids.move_to_end(head_key)
+                    self.head_hits += 1
+                    self.put(key, fresh)
+                    return fresh
+        fresh, head_len = renderer.render_with_head(conv, head) if head_key else (
+            renderer.render(conv), None)
         self.put(key, fresh)
+        if head_len is not None:
+            self.put(head_key, fresh[:head_len])
         return fresh
 
     def get(self, key: Hashable) -> list[int] | None:
@@ -114,13 +136,23 @@ class RenderCache:
         return len(self._ids)
 
 
+HEAD_MIN_MESSAGES = 4
+"""Shortest head (messages up to the last assistant turn) worth caching apart: rendering a
+shorter one costs about what splitting it off does."""
+
+
+def last_assistant_turn(conv: Conversation) -> int:
+    """How many messages of `conv` run up to and including its last assistant turn (0: none)."""
+    messages = conv.messages
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role == "assistant":
+            return i + 1
+    return 0
+
+
 def render_key(conv: Conversation) -> Hashable:
     """Everything a chat template reads from `conv`, verbatim, as a hashable value."""
-    messages = tuple([
-        (m.role, m.content, m.reasoning, m.tool_call_id, m.name,
-         tuple([(c.id, c.name, c.arguments) for c in m.tool_calls]) if m.tool_calls else ())
-        for m in conv.messages
-    ])
+    messages = tuple([m.verbatim_key for m in conv.messages])
     # json without sort_keys: key order and 1 vs 1.0 vs true reach the template, so they count
     tools = tuple((t.name, t.description, json.dumps(t.parameters, default=str))
                   for t in conv.rendered_tools())
@@ -297,7 +329,8 @@ def _engine_request(deps: GatewayDeps, call: PreparedCall, index: int) -> Genera
     seed = None if p.seed is None else p.seed + index
     stop_ids = tuple(dict.fromkeys((*deps.renderer.stop_token_ids, *p.stop_token_ids)))
     params = replace(p, max_new_tokens=call.params_max_tokens, stop_token_ids=stop_ids, seed=seed)
-    return GenerateRequest(prompt_ids=call.prompt_ids, params=params)
+    # rendered by the tokenizer, or the parent's prompt and sampled output: in the vocabulary
+    return GenerateRequest(prompt_ids=call.prompt_ids, params=params, tokenizer_ids=True)
 
 
 def visible_text(deps: GatewayDeps, out: GenerateOutput) -> str:

@@ -190,6 +190,10 @@ class Session:
         # `record` reuses what `locate` hashed; the entry holds the object, so an id is never
         # confused with a later object's.
         self._hashed: dict[int, tuple[Conversation, bytes, Any]] = {}
+        self._trail: tuple[tuple[Message, ...], list[tuple[int, bytes, Any]]] = ((), [])
+        """The messages `locate` hashed last, and at each assistant turn (index, digest of the
+        prefix through it, the running hash there): the next call resumes after the turns it
+        shares with them (the same interned objects), hashing only its new suffix."""
         self._journal: SessionJournal | None = None
         if journal is not None:
             journal.append(self.id, EventKind.START, self.start_event())
@@ -201,18 +205,24 @@ class Session:
         """Find the stored call whose messages + reply are the longest prefix of `conv`."""
         self._require(SessionState.OPEN)
         ctx = context_hash(conv)
-        h = hashlib.sha256(_ROOT_HASH)
+        messages = conv.messages
+        marks = self._shared_marks(messages)
+        if marks:
+            start, h = marks[-1][0] + 1, marks[-1][2].copy()
+        else:
+            start, h = 0, hashlib.sha256(_ROOT_HASH)
+        for i in range(start, len(messages)):
+            m = messages[i]
+            h.update(m.canonical_bytes)  # `_chain`, inlined in the hot loop
+            if m.role == "assistant":
+                at = h.copy()  # digest() leaves it usable: the next call may resume from it
+                marks.append((i, at.digest(), at))
+        self._trail = (messages, marks)
         best: str | None = None
         best_k = 0
         other: str | None = None
         other_k = 0
-        has_assistant = False
-        for i, m in enumerate(conv.messages):
-            h.update(m.canonical_bytes)  # `_chain`, inlined in the hot loop
-            if m.role != "assistant":
-                continue
-            has_assistant = True
-            digest = h.copy().digest()
+        for i, digest, _ in marks:  # every assistant turn, since calls recorded meanwhile count
             hit = self._index.get(ctx + digest)
             if hit is not None:
                 best, best_k = hit, i + 1
@@ -220,6 +230,7 @@ class Session:
             alt = self._message_index.get(digest)
             if alt is not None:
                 other, other_k = alt, i + 1
+        has_assistant = bool(marks)
         self._remember_hashes(conv, ctx, h)
         if other is not None and other_k > best_k:
             return Located(self._calls[other], conv.messages[other_k:],
@@ -432,6 +443,15 @@ class Session:
         _chain(h, c.reply.to_message())
         digest = h.digest()
         return ctx + digest, digest
+
+    def _shared_marks(self, messages: tuple[Message, ...]) -> list[tuple[int, bytes, Any]]:
+        """The last `locate`'s marks inside the prefix `messages` shares with its messages."""
+        prev, marks = self._trail
+        n = min(len(prev), len(messages))
+        k = 0
+        while k < n and prev[k] is messages[k]:  # identity: the trail holds them, ids stay unique
+            k += 1
+        return [mark for mark in marks if mark[0] < k]
 
     def _remember_hashes(self, conv: Conversation, ctx: bytes, h: Any) -> None:
         self._hashed.pop(id(conv), None)
