@@ -502,3 +502,26 @@ def test_a_bad_message_after_plain_turns_is_named_by_its_place_in_the_request() 
 def test_a_request_of_plain_turns_only_still_needs_a_message() -> None:
     with pytest.raises(InvalidRequest, match="must not be empty"):
         parse({"model": "m", "messages": []})
+
+
+def test_re_sent_tool_calls_and_results_become_the_same_turn_objects() -> None:
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+
+    def body(result: str) -> dict[str, Any]:
+        return {"model": "m", "messages": [
+            {"role": "user", "content": "1 + 2?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": result}]}
+
+    first = wire.to_request(wire.parse_body(body("3"))).conversation.messages
+    again = wire.to_request(wire.parse_body(body("3"))).conversation.messages
+    # shared by value: the session's parent lookup and the render cache reuse their work
+    assert all(a is b for a, b in zip(first, again, strict=True))
+    assert first[2].name == "add" and first[1].tool_calls[0].arguments == '{"a": 1, "b": 2}'
+    other = wire.to_request(wire.parse_body(body("4"))).conversation.messages
+    assert other[1] is first[1] and other[2] is not first[2] and other[2].content == "4"
+    huge = "x" * (wire.INTERN_CHARS + 1)  # a big tool result is not kept
+    big1, big2 = (wire.to_request(wire.parse_body(body(huge))).conversation.messages[2]
+                  for _ in range(2))
+    assert big1 == big2 and big1 is not big2

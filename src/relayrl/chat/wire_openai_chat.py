@@ -280,9 +280,23 @@ def _plain_message(role: Role, content: str) -> Message:
     return Message(role=role, content=content)
 
 
+@functools.lru_cache(maxsize=4096)
+def _shared_message(m: Message) -> Message:
+    # Tool calls and results, by value: an agent re-sends every earlier one on each call, and a
+    # shared turn keeps its canonical bytes and render key (the session hashes only new turns).
+    return m
+
+
+def _intern(m: Message) -> Message:
+    """`m`, or an equal turn seen before (small turns only: a huge tool result is not kept)."""
+    size = len(m.content) + sum(len(c.arguments) for c in m.tool_calls)
+    return _shared_message(m) if size <= INTERN_CHARS else m
+
+
 def forget_interned() -> None:
-    """Drop the shared plain turns (`_plain_message`); they refill as requests come."""
+    """Drop the shared turns (`_plain_message`, `_shared_message`); they refill as requests come."""
     _plain_message.cache_clear()
+    _shared_message.cache_clear()
 
 
 def _messages(msgs: list[ChatMessage],
@@ -297,7 +311,7 @@ def _messages(msgs: list[ChatMessage],
     for i, turn in enumerate(turns):
         if turn is None:
             m = next(validated)
-            turn = _plain(m) or _message(m, f"messages[{i}]", names)
+            turn = _plain(m) or _intern(_message(m, f"messages[{i}]", names))
         out.append(turn)
     return tuple(out)
 
