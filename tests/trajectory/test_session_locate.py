@@ -240,3 +240,13 @@ def test_a_call_sharing_turns_with_the_last_one_hashes_only_what_follows_them() 
     # 19 replies shared with the last recorded call, then all 20, then the 4 before the edit
     assert reused == [19, 20, 4, 4]
     assert s.locate(calls[-1]).parent is not None  # the real follow-up still finds its parent
+
+
+def test_a_finished_session_lets_go_of_what_locate_kept_for_the_next_call() -> None:
+    s = Session("s")
+    c1 = call(s, [sys_msg(), user("q")], "a")
+    s.locate(Conversation((sys_msg(), user("q"), assistant("a"), user("next"))))
+    assert s._trail[1]
+    s.end()
+    assert s._trail == ((), []) and not s._hashed
+    assert s.get(c1.id) is c1  # the calls themselves stay

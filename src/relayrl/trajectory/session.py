@@ -444,6 +444,11 @@ class Session:
         digest = h.digest()
         return ctx + digest, digest
 
+    def _forget_hashes(self) -> None:
+        # no call follows once a session is done: what `locate` kept for the next one can go
+        self._trail = ((), [])
+        self._hashed.clear()
+
     def _shared_marks(self, messages: tuple[Message, ...]) -> list[tuple[int, bytes, Any]]:
         """The last `locate`'s marks inside the prefix `messages` shares with its messages."""
         prev, marks = self._trail
@@ -491,6 +496,7 @@ class Session:
         self._require(SessionState.OPEN)
         self._write(EventKind.END, {})
         self.state = SessionState.ENDED
+        self._forget_hashes()
 
     def mark_exported(self) -> None:
         """The trainer acknowledged the export. Idempotent."""
@@ -499,6 +505,7 @@ class Session:
         self._require(SessionState.OPEN, SessionState.ENDED)
         self._write(EventKind.EXPORTED, {})
         self.state = SessionState.EXPORTED
+        self._forget_hashes()
 
     def abort(self) -> None:
         """Expire or cancel: the calls will not be trained on. No-op once exported or aborted."""
@@ -506,6 +513,7 @@ class Session:
             return
         self._write(EventKind.ABORTED, {})
         self.state = SessionState.ABORTED
+        self._forget_hashes()
 
     def touch(self, now: float | None = None) -> None:
         """Mark the session active now (TTL counts from the last activity)."""
