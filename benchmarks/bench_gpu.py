@@ -1,0 +1,207 @@
+"""LocalEngine and `Actor.update` on a CUDA GPU, against transformers on the same GPU.
+
+Run by hand on a GPU machine:  python benchmarks/bench_gpu.py [--model NAME] [--out FILE]
+
+vLLM is what a GPU user would pick for serving; it was not installable on the GPU machine this
+was written for (no network there), so the baseline here is transformers on the same GPU:
+`generate` one request at a time and one static left-padded batch, greedy, bf16. Rows:
+  - LocalEngine (its default dtype on CUDA: bf16) at 1, 8 and 32 concurrent requests of
+    `--new-tokens` tokens each (no stop ids), logprobs recorded as always; best of
+    `--repeats` interleaved rounds, with the transformers rows in the same rounds;
+  - `Actor.update` (bf16 copy of fp32 masters, the default) on bench_train's 16-row batch shaped
+    like the main job's episodes, and on its shared-prefix agent batch; model FLOPs (as in
+    bench_train) against the measured bf16 peak of an 8192^3 matmul on this GPU.
+Prints a markdown section (and writes it to `--out`): paste it into benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+from bench_engine import Row, engine_round, interleaved, make_prompts
+from bench_train import agent_batch, param_counts, result, synthetic_batch, update_fn
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM
+
+from relayrl.engine.local import LocalEngine
+from relayrl.models import DEFAULT_MODEL, model_path
+from relayrl.train.actor import Actor
+from relayrl.train.config import TrainConfig
+
+LEVELS = (1, 8, 32)
+DEVICE = "cuda"
+"""`--device cpu` runs the same code on the CPU (to check the script, not to report)."""
+
+
+def sync() -> None:
+    """Wait for the GPU's queued work (nothing to wait for on the CPU)."""
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def cuda_timed(fn: Callable[[], object]) -> float:
+    """Seconds of `fn` with the GPU's queue drained before and after."""
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
+def matmul_peak_tflops(n: int = 8192, repeats: int = 10) -> float:
+    """Mean TFLOP/s of an n^3 bf16 matmul on random data, after three warm-ups."""
+    a = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    seconds = cuda_timed(lambda: [a @ b for _ in range(repeats)]) / repeats
+    return 2 * n**3 / seconds / 1e12
+
+
+def engine_measure(engine: LocalEngine, prompts: list[list[int]], new: int, c: int
+                   ) -> Callable[[], Row]:
+    """c concurrent requests (c = 1: two requests one after the other)."""
+    def measure() -> Row:
+        rounds = [prompts[:c]] if c > 1 else [[p] for p in prompts[:2]]
+        runs = [asyncio.run(engine_round(engine, r, new)) for r in rounds]
+        ttft = statistics.median(r.ttft_p50_s or 0.0 for r in runs)
+        return Row("LocalEngine (bf16)", c, sum(r.tokens for r in runs),
+                   sum(r.seconds for r in runs), ttft)
+
+    asyncio.run(engine_round(engine, prompts[:2], 8))  # warm-up
+    return measure
+
+
+def hf_measure(model, pad: int, prompts: list[list[int]], new: int, c: int) -> Callable[[], Row]:
+    """transformers `generate`, greedy, bf16: c = 1 one request at a time (two), else a batch."""
+    batches = [prompts[:c]] if c > 1 else [[p] for p in prompts[:2]]
+    tensors = []
+    for batch in batches:
+        width = max(map(len, batch))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=DEVICE)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=DEVICE)
+        tensors.append((ids, mask))
+    gen = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False, "pad_token_id": pad}
+
+    def measure() -> Row:
+        tokens, seconds = 0, 0.0
+        for ids, mask in tensors:
+            with torch.inference_mode():
+                start = time.perf_counter()
+                out = model.generate(input_ids=ids, attention_mask=mask, **gen)
+                sync()
+                seconds += time.perf_counter() - start
+            tokens += (out.shape[1] - ids.shape[1]) * ids.shape[0]
+        return Row("HF generate (bf16)", c, tokens, seconds)
+
+    with torch.inference_mode():
+        model.generate(input_ids=tensors[0][0], attention_mask=tensors[0][1], max_new_tokens=4,
+                       do_sample=False, pad_token_id=pad)
+    return measure
+
+
+def engine_rows(path: str, new: int, repeats: int) -> list[Row]:
+    """LocalEngine and transformers, interleaved, at each concurrency level."""
+    engine = LocalEngine(path, device=DEVICE, max_batch_size=max(LEVELS))
+    try:
+        assert engine.dtype == torch.bfloat16, engine.dtype
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(DEVICE).eval()
+        tok = engine.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        prompts = make_prompts(tok, max(LEVELS))
+        measures = []
+        for c in LEVELS:
+            measures += [engine_measure(engine, prompts, new, c),
+                         hf_measure(model, pad, prompts, new, c)]
+        with tqdm(total=len(measures) * repeats, desc="engine", unit="run") as bar:
+            return interleaved(measures, repeats, bar)
+    finally:
+        engine.close()
+
+
+def update_rows(path: str, repeats: int) -> list[tuple[str, float, float, float]]:
+    """(batch, seconds, real tokens/s, model TFLOP/s) of the default update on the GPU."""
+    cfg = TrainConfig(micro_batch_tokens=4096)
+    actor = Actor(path, cfg, device=DEVICE)
+    body, head = param_counts(actor.model)
+    vocab = actor.model.config.vocab_size
+    out = []
+    for name, batch, share in (("16 rows x 394-472 tokens", synthetic_batch(16, vocab), False),
+                               ("16 agent rows, shared prefix", agent_batch(16, vocab), True)):
+        actor.config = replace(cfg, share_prefix=share)
+        fn = update_fn(actor, batch, actor.config)
+        fn()  # warm-up: cuBLAS handles, the allocator's pools
+        best, metrics = float("inf"), {}
+        for _ in range(repeats):
+            sync()
+            start = time.perf_counter()
+            m = fn()
+            sync()
+            if (elapsed := time.perf_counter() - start) < best:
+                best, metrics = elapsed, m
+        r = result(name, batch, best, metrics, body, head)
+        out.append((name, best, r.tok_s, r.flops / best / 1e12))
+    return out
+
+
+def render(meta: dict[str, str], rows: list[Row], updates, peak: float) -> str:
+    """The markdown section."""
+    hf = {r.concurrency: r for r in rows if r.name.startswith("HF")}
+    lines = ["## On a GPU", "", f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}  ",
+             f"Date: {meta['date']}", "",
+             f"LocalEngine vs transformers `generate` on the same GPU, {meta['new']} new tokens "
+             f"per request, greedy, no stop ids; best of {meta['repeats']} interleaved rounds.", "",
+             "| what | concurrent | tokens/s | vs HF generate | TTFT p50 |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        ratio = r.tok_s / hf[r.concurrency].tok_s
+        ttft = f"{r.ttft_p50_s * 1000:.0f} ms" if r.ttft_p50_s is not None else ""
+        lines.append(f"| {r.name} | {r.concurrency} | {r.tok_s:.0f} | {ratio:.2f}x | {ttft} |")
+    lines += ["", f"`Actor.update` (bf16 copy, fp32 masters) on the GPU; bf16 matmul peak "
+              f"measured {peak:.1f} TFLOP/s (a large square matmul).", "",
+              "| batch | seconds | tokens/s | model TFLOP/s | share of peak |",
+              "| --- | ---: | ---: | ---: | ---: |"]
+    for name, seconds, tok_s, tflops in updates:
+        lines.append(f"| {name} | {seconds:.3f} | {tok_s:.0f} | {tflops:.1f} | "
+                     f"{tflops / peak:.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """Measure and print the section."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=None, help="also write the section to this file")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_gpu needs a CUDA GPU")
+    path = model_path(args.model)
+    peak = matmul_peak_tflops(8192 if DEVICE == "cuda" else 1024)
+    rows = engine_rows(path, args.new_tokens, args.repeats)
+    updates = update_rows(path, args.repeats)
+    meta = {"command": "python " + " ".join(sys.argv), "date": datetime.date.today().isoformat(),
+            "machine": (torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU")
+            + f", torch {torch.__version__}",
+            "new": str(args.new_tokens), "repeats": str(args.repeats)}
+    text = render(meta, rows, updates, peak)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
