@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 from relayrl.engine import InferenceEngine, load_engine
 from relayrl.engine.fake import FakeEngine
 from relayrl.errors import ConfigError, ContextLengthExceeded, EngineError, InvalidRequest
-from relayrl.types import FinishReason, GenerateRequest, SamplingParams
+from relayrl.types import FinishReason, GenerateOutput, GenerateRequest, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +90,27 @@ async def test_tokens_stream_one_by_one_with_versions_logprobs_and_timings(model
     assert all(c.top_logprobs and c.top_logprobs[0][0].token_id == c.ids[0] for c in chunks)
     again = [c async for c in engine.stream(request())]
     assert [c.logprobs for c in again] == [c.logprobs for c in chunks]  # deterministic
+
+
+@pytest.mark.parametrize("params", [
+    {},
+    {"max_new_tokens": 3},
+    {"stop": ("there",)},
+    {"stop_token_ids": (0,), "top_logprobs": 2},
+    {"top_logprobs": 3, "max_new_tokens": 4},
+])
+async def test_a_whole_reply_equals_its_stream_joined(model_dir: str, tokenizer: Tokenizer,
+                                                      params: dict) -> None:
+    # generate builds the output in one piece (no chunks): it must be what streaming gives
+    engine = FakeEngine(["Hello there, general Kenobi!"], tokenizer_path=model_dir)
+    if params.get("stop_token_ids"):
+        params = {**params, "stop_token_ids": (tokenizer.encode("general").ids[0],)}
+    whole = await engine.generate(request(**params))
+    joined = GenerateOutput.from_chunks([c async for c in engine.stream(request(**params))])
+    assert whole.output_ids and whole.output_ids == joined.output_ids
+    assert (whole.logprobs, whole.versions, whole.top_logprobs) == \
+        (joined.logprobs, joined.versions, joined.top_logprobs)
+    assert (whole.finish_reason, whole.stop_string) == (joined.finish_reason, joined.stop_string)
 
 
 async def test_update_weights_bumps_the_version_of_later_tokens(model_dir: str) -> None:

@@ -19,6 +19,7 @@ import itertools
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,15 +117,30 @@ class FakeEngine:
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         """Produce the whole scripted reply."""
-        return GenerateOutput.from_chunks([c async for c in self.stream(request)])
+        if self.token_delay_s > 0:  # tokens arrive over time: an update or close can land between
+            return GenerateOutput.from_chunks([c async for c in self.stream(request)])
+        start = time.perf_counter()
+        # Built in one piece, as the stream would end up: a benchmark of the gateway measures
+        # the gateway, not thirty chunk objects and an async generator per call (a fifth of a
+        # short call's server time when the fake streamed its whole reply).
+        plan = _Plan.of(request, self._accept(request), self._context_length, self.vocab_size,
+                        self.decode)
+        return GenerateOutput(output_ids=plan.ids, logprobs=plan.logprobs,
+                              versions=[self._version] * len(plan.ids),
+                              finish_reason=plan.finish, timings=_timings(start),
+                              top_logprobs=plan.tops, stop_string=plan.stop_string)
 
     def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
         """Produce the scripted reply token by token; bad requests raise here."""
+        return self._stream(request, self._accept(request))
+
+    def _accept(self, request: GenerateRequest) -> list[int]:
+        """Check and note a request; the reply ids it will get."""
         validate_request(request, self._context_length, self.vocab_size)
         if self._closed:
             raise EngineError("the engine is closed")
         self.requests.append(request)
-        return self._stream(request, self._reply_ids(request))
+        return self._reply_ids(request)
 
     async def update_weights(
         self, weights: Mapping[str, Any] | str, version: int | None = None
@@ -154,15 +170,12 @@ class FakeEngine:
         self, request: GenerateRequest, reply: list[int]
     ) -> AsyncIterator[TokenChunk]:
         start = time.perf_counter()
-        p = request.params
-        budget = min(p.max_new_tokens, self._context_length - len(request.prompt_ids))
-        matcher = StopStringMatcher(p.stop, self.decode) if p.stop else None
-        stop_ids = set(p.stop_token_ids)
-        out: list[int] = []
-        if not reply:
-            yield TokenChunk([], [], [], finish_reason=FinishReason.STOP, timings=_timings(start))
+        plan = _Plan.of(request, reply, self._context_length, self.vocab_size, self.decode)
+        if not plan.ids:
+            yield TokenChunk([], [], [], finish_reason=plan.finish, timings=_timings(start))
             return
-        for token in reply[:budget]:
+        last = len(plan.ids) - 1
+        for i, token in enumerate(plan.ids):
             if self.token_delay_s > 0:
                 await asyncio.sleep(self.token_delay_s)
             if self._closed:
@@ -170,20 +183,48 @@ class FakeEngine:
                     [], [], [], finish_reason=FinishReason.ABORT, timings=_timings(start)
                 )
                 return
-            out.append(token)
-            finish, stop_string = _finish(token, out, len(reply), budget, stop_ids, matcher)
-            logprob = pseudo_logprob(len(out) - 1, token)
             yield TokenChunk(
                 ids=[token],
-                logprobs=[logprob],
+                logprobs=[plan.logprobs[i]],
                 versions=[self._version],
-                top_logprobs=_tops(token, logprob, p.top_logprobs, self.vocab_size),
-                finish_reason=finish,
-                stop_string=stop_string,
-                timings=_timings(start) if finish is not None else None,
+                top_logprobs=None if plan.tops is None else [plan.tops[i]],
+                finish_reason=plan.finish if i == last else None,
+                stop_string=plan.stop_string if i == last else None,
+                timings=_timings(start) if i == last else None,
             )
+
+
+@dataclass
+class _Plan:
+    """The tokens a request gets from a scripted reply, and how it ends."""
+
+    ids: list[int]
+    logprobs: list[float]
+    tops: list[list[TopLogprob]] | None
+    finish: FinishReason
+    stop_string: str | None
+
+    @classmethod
+    def of(cls, request: GenerateRequest, reply: list[int], context_length: int, vocab: int,
+           decode: Callable[[list[int]], str]) -> _Plan:
+        """Cut `reply` where the request's budget, stop ids or stop strings end it."""
+        p = request.params
+        budget = min(p.max_new_tokens, context_length - len(request.prompt_ids))
+        matcher = StopStringMatcher(p.stop, decode) if p.stop else None
+        stop_ids = set(p.stop_token_ids)
+        plan = cls([], [], [] if p.top_logprobs > 0 else None, FinishReason.STOP, None)
+        for token in reply[:budget]:
+            plan.ids.append(token)
+            finish, plan.stop_string = _finish(token, plan.ids, len(reply), budget, stop_ids,
+                                               matcher)
+            logprob = pseudo_logprob(len(plan.ids) - 1, token)
+            plan.logprobs.append(logprob)
+            if plan.tops is not None:
+                plan.tops += _tops(token, logprob, p.top_logprobs, vocab) or []
             if finish is not None:
-                return
+                plan.finish = finish
+                break
+        return plan
 
 
 def pseudo_logprob(position: int, token: int) -> float:
