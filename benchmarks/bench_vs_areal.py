@@ -112,6 +112,63 @@ def serve_areal(model_dir: str, port_file: str) -> None:
     uvicorn.Server(config).run(sockets=[sock])
 
 
+def serve_null(port_file: str) -> None:
+    """Child process (`--ceiling`): a server that does nothing but answer.
+
+    It reads each request whole and answers it with fixed bytes shaped like relayrl's answers
+    (a completion of REPLY; streamed, one event per token as relayrl sends them, then [DONE]),
+    parsing nothing and recording nothing, on the loop and HTTP parser relayrl serves with.
+    What this client measures against it is the most any server could do on this machine: the
+    rest of a call's time is the client's and the loopback's.
+    """
+    import socket
+
+    import uvicorn
+
+    from relayrl.asgi import uvicorn_options
+
+    completion = json.dumps({
+        "id": "chatcmpl-null", "object": "chat.completion", "created": 0, "model": "policy",
+        "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                     "message": {"role": "assistant", "content": REPLY}}],
+        "usage": {"prompt_tokens": 40, "completion_tokens": 29, "total_tokens": 69}}).encode()
+    events = [b"data: " + json.dumps({
+        "id": "chatcmpl-null", "object": "chat.completion.chunk", "created": 0, "model": "policy",
+        "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}).encode()
+        + b"\n\n" for piece in [w + " " for w in REPLY.split()] + ["", "", ""]]
+    events.append(b"data: [DONE]\n\n")
+    session = b'{"api_key": "null-session-key-0123456789"}'
+    json_headers = [(b"content-type", b"application/json")]
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        raw = b""
+        while True:
+            message = await receive()
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if scope["path"].endswith("/chat/completions") and b'"stream": true' in raw:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            for event in events:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        answer = completion if scope["path"].endswith("/chat/completions") else (
+            session if scope["path"].endswith("/start_session") else b"{}")
+        await send({"type": "http.response.start", "status": 200, "headers": json_headers})
+        await send({"type": "http.response.body", "body": answer})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    Path(port_file).write_text(f"http://127.0.0.1:{sock.getsockname()[1]}")
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=300,
+                            **uvicorn_options())
+    uvicorn.Server(config).run(sockets=[sock])
+
+
 def start(cmd: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """Start a server child that writes its URL to the port file given as its last argument."""
     port_file = tempfile.mktemp()
@@ -309,30 +366,38 @@ async def run_all(servers: list[Server], rows: list[Row], args: argparse.Namespa
     connector = aiohttp.TCPConnector(limit=64, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as http:
         names = [s.name for s in servers]
+        pair = len(servers) >= 2
+        ceiling = len(servers) == 3
         head = "| row | " + " | ".join(f"{n} /s | {n} p50 ms" for n in names)
-        head += " | req/s ratio (per round) | p50 ratio |" if len(servers) == 2 else " |"
+        head += " | req/s ratio (per round) | p50 ratio |" if pair else " |"
+        head += " ceiling: null/AReaL req/s | relayrl/null req/s |" if ceiling else ""
         print(head)
-        print("|" + " --- |" * (1 + 2 * len(servers) + (2 if len(servers) == 2 else 0)))
+        print("|" + " --- |" * (1 + 2 * len(servers) + 2 * pair + 2 * ceiling))
         for row in rows:
             n = args.episodes if row.kind == "episode" else args.requests
             got: dict[str, list[dict[str, float]]] = {s.name: [] for s in servers}
             for s in servers:  # warm-up: caches, connections, the allocator
                 await measure(http, s, row, max(row.conc, n // 5), args.per_session)
             for r in range(args.rounds):
-                for s in servers if r % 2 == 0 else servers[::-1]:
+                for s in servers if r % 2 == 0 else servers[::-1]:  # A B C, then C B A
                     got[s.name].append(await measure(http, s, row, n, args.per_session))
             cells = []
             for s in servers:
                 med = {k: statistics.median(x[k] for x in got[s.name]) for k in ("rps", "p50")}
                 cells += [f"{med['rps']:.0f}", f"{med['p50']:.2f}"]
             line = f"| {row.name} | " + " | ".join(cells)
-            if len(servers) == 2:
+            if pair:
                 a, b = got[servers[0].name], got[servers[1].name]
                 per = [x["rps"] / y["rps"] for x, y in zip(a, b, strict=True)]
                 p50 = statistics.median(y["p50"] / x["p50"] for x, y in zip(a, b, strict=True))
                 line += (f" | **{statistics.median(per):.1f}×** "
                          f"({', '.join(f'{p:.1f}' for p in per)}) | {p50:.1f}× |")
-            print(line + (" |" if len(servers) == 1 else ""), flush=True)
+            if ceiling:
+                c = got[servers[2].name]
+                top = statistics.median(z["rps"] / y["rps"] for y, z in zip(b, c, strict=True))
+                share = statistics.median(x["rps"] / z["rps"] for x, z in zip(a, c, strict=True))
+                line += f" {top:.1f}× | {share:.0%} |"
+            print(line + ("" if pair else " |"), flush=True)
             if row.kind == "grow":  # the same episodes' first calls: how latency grows with history
                 for s in servers:
                     per = [x["p50"] / x["p50_first"] for x in got[s.name]]
@@ -354,7 +419,13 @@ def main() -> None:
     ap.add_argument("--relayrl-only", action="store_true", help="do not start AReaL")
     ap.add_argument("--serve-relayrl", nargs=2, metavar=("MODEL_DIR", "PORT_FILE"))
     ap.add_argument("--serve-areal", nargs=2, metavar=("MODEL_DIR", "PORT_FILE"))
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also measure a server that only answers (needs AReaL's venv)")
+    ap.add_argument("--serve-null", metavar="PORT_FILE")
     args = ap.parse_args()
+    if args.serve_null:
+        serve_null(args.serve_null)
+        return
     if args.serve_relayrl:
         serve_relayrl(*args.serve_relayrl)
         return
@@ -383,6 +454,10 @@ def main() -> None:
                            env=env)
             procs.append(p)
             servers.append(Server("AReaL", url, "/chat/completions", grant_capacity=True))
+            if args.ceiling:
+                p, url = start([sys.executable, __file__, "--serve-null"])
+                procs.append(p)
+                servers.append(Server("null", url, "/v1/chat/completions", grant_capacity=False))
         print(f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
               f"load average at the start {os.getloadavg()}", flush=True)
         _run(run_all(servers, rows, args))
