@@ -522,20 +522,33 @@ def _merge_ready(items: list[tuple[int, TokenChunk | BaseException | None]]
     a short streamed call; tokens that are ready together are sent together, as a slower client
     would have read them anyway.
     """
-    out: list[tuple[int, TokenChunk | BaseException | None]] = []
+    runs: list[tuple[int, list[TokenChunk] | BaseException | None]] = []
     for i, item in items:
-        if isinstance(item, TokenChunk) and out:
-            j, prev = out[-1]
-            if (j == i and isinstance(prev, TokenChunk) and prev.finish_reason is None
-                    and (prev.top_logprobs is None) == (item.top_logprobs is None)):
-                tops = None if prev.top_logprobs is None else prev.top_logprobs + (
-                    item.top_logprobs or [])
-                out[-1] = (i, replace(item, ids=prev.ids + item.ids,
-                                      logprobs=prev.logprobs + item.logprobs,
-                                      versions=prev.versions + item.versions, top_logprobs=tops))
-                continue
-        out.append((i, item))
-    return out
+        if isinstance(item, TokenChunk):
+            last = runs[-1] if runs else None
+            if (last is not None and last[0] == i and isinstance(last[1], list)
+                    and last[1][-1].finish_reason is None
+                    and (last[1][-1].top_logprobs is None) == (item.top_logprobs is None)):
+                last[1].append(item)
+            else:
+                runs.append((i, [item]))
+        else:
+            runs.append((i, item))
+    return [(i, _joined(run) if isinstance(run, list) else run) for i, run in runs]
+
+
+def _joined(run: list[TokenChunk]) -> TokenChunk:
+    """One chunk holding a run's tokens (built once: a run can be a whole reply)."""
+    if len(run) == 1:
+        return run[0]
+    last = run[-1]
+    return TokenChunk(
+        ids=[t for c in run for t in c.ids],
+        logprobs=[x for c in run for x in c.logprobs],
+        versions=[v for c in run for v in c.versions],
+        top_logprobs=None if last.top_logprobs is None else [
+            t for c in run for t in (c.top_logprobs or [])],
+        finish_reason=last.finish_reason, stop_string=last.stop_string, timings=last.timings)
 
 
 async def complete_stream_batches(
@@ -558,11 +571,11 @@ async def complete_stream_batches(
     async def pump(i: int) -> None:
         try:
             async for chunk in deps.engine.stream(_engine_request(deps, call, i)):
-                await queue.put((i, chunk))
+                queue.put_nowait((i, chunk))  # unbounded: never waits
         except BaseException as e:  # handed to the consumer, which re-raises
-            await queue.put((i, e))
+            queue.put_nowait((i, e))
             return
-        await queue.put((i, None))
+        queue.put_nowait((i, None))
 
     first: list[StreamEvent] = [StreamDelta(s.index, d) for s in streams if (d := s.start())]
     if first:
