@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -251,6 +251,12 @@ async def test_tokens_stream_as_sampled_with_timings_on_the_last_chunk(
 
 
 async def test_weight_update_mid_stream_versions_later_tokens(engine: LocalEngine) -> None:
+    await check_mid_stream_update(engine, engine.model.state_dict)
+
+
+async def check_mid_stream_update(engine: LocalEngine,
+                                  weights: Callable[[], dict[str, torch.Tensor]]) -> None:
+    """Push `weights()` (the engine's own) mid-stream: same tokens, later ones on the new version."""
     prompt = chat(engine, "Describe a forest in detail.")
     plain = await engine.generate(request(prompt, max_new_tokens=24, temperature=0))
     before = engine.version
@@ -261,7 +267,7 @@ async def test_weight_update_mid_stream_versions_later_tokens(engine: LocalEngin
         versions += chunk.versions
         if len(ids) >= 4 and engine.version == before:
             # Same weights, new version: the tokens must not change, their versions must.
-            assert await engine.update_weights(engine.model.state_dict()) == before + 1
+            assert await engine.update_weights(weights()) == before + 1
     assert ids == plain.output_ids
     assert versions[0] == before and versions[-1] == before + 1
     assert versions == sorted(versions)

@@ -17,13 +17,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+# engine.* and train.* are the sibling test packages (pytest puts tests/ on sys.path)
+from engine.test_local_engine import check_mid_stream_update
 from relayrl.engine.local import LocalEngine
 from relayrl.train.actor import Actor
 from relayrl.train.advantages import compute_advantages
 from relayrl.train.config import TrainConfig
 from relayrl.train.packing import TrainBatch
 from relayrl.types import GenerateOutput, GenerateRequest, SamplingParams
-from train.test_real_step import one_group  # tests/ is on sys.path (rootdir packages)
+from train.test_real_step import one_group
 
 DEVICE = os.environ.get("RELAYRL_TEST_DEVICE", "cuda")
 pytestmark = [
@@ -142,20 +144,9 @@ async def test_concurrent_requests_of_different_lengths_match_running_alone(
 
 
 async def test_weight_update_mid_stream_versions_later_tokens(engine: LocalEngine) -> None:
-    prompt = chat(engine, "Describe a forest in detail.")
-    plain = await engine.generate(request(prompt, max_new_tokens=24, temperature=0))
-    before = engine.version
-    ids: list[int] = []
-    versions: list[int] = []
-    async for chunk in engine.stream(request(prompt, max_new_tokens=24, temperature=0)):
-        ids += chunk.ids
-        versions += chunk.versions
-        if len(ids) >= 4 and engine.version == before:
-            # Same weights from the CPU: tokens unchanged, versions bumped.
-            cpu_state = {k: v.cpu() for k, v in engine.model.state_dict().items()}
-            assert await engine.update_weights(cpu_state) == before + 1
-    assert ids == plain.output_ids
-    assert versions[0] == before and versions[-1] == before + 1 and versions == sorted(versions)
+    # the weights come from the CPU, as a trainer on another device would send them
+    await check_mid_stream_update(
+        engine, lambda: {k: v.cpu() for k, v in engine.model.state_dict().items()})
 
 
 def signed_group(actor: Actor, model_dir: str) -> tuple[TrainBatch, torch.Tensor]:
