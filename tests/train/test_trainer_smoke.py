@@ -23,6 +23,10 @@ def test_the_example_config_loads_and_bad_overrides_name_their_key() -> None:
         load_config(RelayConfig, CONFIG, ["train.lrr=1"])
     with pytest.raises(ConfigError, match=r"rollout\.group_size"):
         load_config(RelayConfig, CONFIG, ["rollout.group_size=eight"])
+    with pytest.raises(ConfigError, match="kl_reference"):
+        load_config(RelayConfig, CONFIG, ["train.kl_reference=sft"])
+    with pytest.raises(ConfigError, match="world_size=1"):
+        load_config(RelayConfig, CONFIG, ["train.kl_reference=warm_start", "train.world_size=2"])
 
 
 @pytest.mark.slow
@@ -42,6 +46,7 @@ def test_relayrl_train_runs_steps_and_writes_checkpoint_metrics_and_plot(tmp_pat
         "rollout.group_size=2", "rollout.batch_size=2", "workflow_kwargs.max_tokens=24",
         "train.drop_uniform_groups=false",  # every batch then takes a step: 2 steps exactly
         "eval.every=2",
+        "train.kl_coef=0.05", "train.kl_reference=warm_start",
         f"data.train={ROOT / 'examples' / 'math_agent' / 'train.jsonl'}",
         f"data.eval={ROOT / 'examples' / 'math_agent' / 'eval.jsonl'}",
     ]
@@ -54,6 +59,10 @@ def test_relayrl_train_runs_steps_and_writes_checkpoint_metrics_and_plot(tmp_pat
     assert (ckpt / "config.json").exists() and (ckpt / "relayrl_state.json").exists()
     lines = [json.loads(x) for x in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines if "step_s" in m] == [1, 2]
+    # the KL's reference is the policy after the warm-start: step 1 is scored against itself
+    assert (run / "checkpoints" / "warm_start" / "config.json").exists()
+    kl = {m["step"]: m["ref_kl"] for m in lines if "ref_kl" in m}
+    assert kl[1] == pytest.approx(0.0, abs=1e-6) and kl[2] > 0
     assert any("eval_reward_after" in m for m in lines)
     assert [m["step"] for m in lines if "eval_reward" in m] == [2]  # eval.every=2
     assert (run / "logs" / "reward_loss.png").stat().st_size > 1000

@@ -240,6 +240,11 @@ class Actor:
             flat[mb.source_N] = self.token_logprobs(model, mb).cpu()
         return out_B_T
 
+    def set_reference(self, path: str | Path) -> None:
+        """Take the KL reference from the model at `path` from now on (loaded on next use)."""
+        self.reference_path = str(path)
+        self._reference = self._reference_compute = None
+
     def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """`[B, T]` logprobs under the frozen reference model (loaded on first use)."""
         if self._reference is None:

@@ -39,7 +39,8 @@ class TrainConfig:
     minibatches: int = 1                      # optimizer steps per rollout batch (>1 makes the PPO clip bite)
     eps_clip_low: float = 0.2                 # ratio may fall to 1 - this before the clip stops the gradient
     eps_clip_high: float = 0.28               # ratio may rise to 1 + this (DAPO's clip-higher keeps exploring)
-    kl_coef: float = 0.0                      # weight of the k3 KL to the reference (initial) model; 0 loads no reference
+    kl_coef: float = 0.0                      # weight of the k3 KL to the reference model; 0 loads no reference
+    kl_reference: Literal["initial", "warm_start"] = "initial"  # the reference: the model as loaded, or the policy after the SFT warm-start (one rank)
     loss_agg: LossAgg = "token"               # token: mean over all trained tokens; seq-mean-*: mean over rows
     off_policy: OffPolicy = "decoupled"       # correction for tokens sampled by older weights
     tis_cap: float = 2.0                      # tis: importance weights above this are truncated to it
@@ -70,6 +71,11 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.eps_clip_low >= 1:
             raise ConfigError(f"eps_clip_low must be < 1, got {self.eps_clip_low}")
+        if self.kl_reference not in ("initial", "warm_start"):
+            raise ConfigError(f"kl_reference must be initial or warm_start, got {self.kl_reference!r}")
+        if self.kl_reference == "warm_start" and self.world_size > 1:
+            # rank 0 alone runs the warm-start; the other ranks would score against another model
+            raise ConfigError("kl_reference=warm_start needs world_size=1")
         if self.behav_weight_cap is not None and self.behav_weight_cap <= 0:
             raise ConfigError(f"behav_weight_cap must be > 0 or null, got {self.behav_weight_cap}")
 

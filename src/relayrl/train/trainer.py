@@ -183,10 +183,17 @@ class PPOTrainer:
         if cfg.train.world_size > 1:
             cls, device = DistributedActor, str(join_process_group(cfg.train.world_size))
         last = latest_checkpoint(cfg.checkpoint_dir)
-        if last is not None:  # the KL reference stays the original model, not the checkpoint
-            return cls.resume(last, cfg.train, device=device,
-                              reference_path=model_path(cfg.model))
+        if last is not None:  # the KL reference is the original model (or the warm-start's)
+            warmed = warm_start_dir(cfg)
+            reference = (str(warmed) if cfg.train.kl_reference == "warm_start"
+                         and (warmed / "config.json").exists() else model_path(cfg.model))
+            return cls.resume(last, cfg.train, device=device, reference_path=reference)
         return cls(model_path(cfg.model), cfg.train, device=device)
+
+
+def warm_start_dir(cfg: TrainerSettings) -> Path:
+    """Where the policy after the SFT warm-start is kept when it is the KL reference."""
+    return cfg.checkpoint_dir / "warm_start"
 
 
 def _device() -> str:
@@ -285,6 +292,10 @@ class _Run:
         sft_log.close()
         if isinstance(self.actor, DistributedActor):
             self.actor.sync_followers()  # SFT ran on rank 0 alone
+        train = self.cfg.train
+        if train.kl_coef > 0 and train.kl_reference == "warm_start":
+            # on disk, so a resumed run scores against the same model (`_make_actor`)
+            self.actor.set_reference(self.actor.save(warm_start_dir(self.cfg)))
         await self.services.engine.update_weights(self.actor.state_dict_for_engine(),
                                                   version=self.actor.version)
 
