@@ -17,16 +17,14 @@ Prints a markdown section (and writes it to `--out`): paste it into benchmarks/R
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime
-import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
 
 import torch
-from bench_engine import Row, engine_round, interleaved, make_prompts
+from bench_engine import Row, engine_measure, interleaved, make_prompts
 from bench_train import agent_batch, param_counts, result, synthetic_batch, update_fn
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
@@ -64,20 +62,6 @@ def matmul_peak_tflops(n: int = 8192, repeats: int = 10) -> float:
         a @ b
     seconds = cuda_timed(lambda: [a @ b for _ in range(repeats)]) / repeats
     return 2 * n**3 / seconds / 1e12
-
-
-def engine_measure(engine: LocalEngine, prompts: list[list[int]], new: int, c: int
-                   ) -> Callable[[], Row]:
-    """c concurrent requests (c = 1: two requests one after the other)."""
-    def measure() -> Row:
-        rounds = [prompts[:c]] if c > 1 else [[p] for p in prompts[:2]]
-        runs = [asyncio.run(engine_round(engine, r, new)) for r in rounds]
-        ttft = statistics.median(r.ttft_p50_s or 0.0 for r in runs)
-        return Row("LocalEngine (bf16)", c, sum(r.tokens for r in runs),
-                   sum(r.seconds for r in runs), ttft)
-
-    asyncio.run(engine_round(engine, prompts[:2], 8))  # warm-up
-    return measure
 
 
 def hf_measure(model, pad: int, prompts: list[list[int]], new: int, c: int) -> Callable[[], Row]:
