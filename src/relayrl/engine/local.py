@@ -19,6 +19,9 @@ prompt that starts with a kept sequence's tokens (an agent's next turn, another 
 prompt and tools) gets those columns copied into its row and prefills only the rest, attending to
 them (`_prefill_reused`). The cache is cleared at every weight update, and a sequence that lived
 through one is not kept, so reused KV always comes from the weights that sample the next token.
+Requests admitted together that share an uncached prefix (a GRPO group's prompt, the system
+prompt right after an update) prefill it once: one is picked, its prompt is stored as soon as
+it is prefilled, and the others wait a pass to reuse it (`_admit`).
 In fp32 the tokens and logprobs equal a full prefill's to 1e-5; in bf16 they differ by rounding,
 as a full prefill's do with another batch composition.
 
