@@ -3,6 +3,8 @@ gets keep what the trainer needs: `advantage_source: turn` trains end to end."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +98,61 @@ def test_turn_advantages_train_through_the_trainer_on_a_launcher_it_was_handed(
     assert [r.seed for r in services.rollouts] == [7]  # the run's seed orders the data
     metrics = (cfg.log_dir / "metrics.jsonl").read_text()
     assert '"loss"' in metrics and '"trained_tokens"' in metrics
+
+
+class SlowEvalWorkflow(TwoTurnWorkflow):
+    """TwoTurnWorkflow whose eval episodes take a while; logs when each episode starts and ends."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str, int, float]] = []
+
+    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, TrajectoryRow]:
+        ctx = wc.get()
+        kind = "eval" if ctx.is_eval else "rl"
+        self.log.append((kind, "start", ctx.version, time.monotonic()))
+        if ctx.is_eval:
+            await asyncio.sleep(0.2)
+        out = await super().arun_episode(engine, data)
+        self.log.append((kind, "end", ctx.version, time.monotonic()))
+        return out
+
+
+@dataclass
+class TimedEngine(RecordingEngine):
+    """A weight sink that also remembers when each version arrived."""
+
+    times: list[float] = field(default_factory=list)
+
+    async def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        await super().update_weights(weights, version)
+        self.times.append(time.monotonic())
+
+
+@pytest.mark.slow
+def test_the_first_rollouts_sample_beside_the_eval_before_rl_and_no_update_overtakes_it(
+        tmp_path: Path, tiny_llama_dir: str) -> None:
+    cfg = RelayConfig(
+        model=tiny_llama_dir, fileroot=str(tmp_path), experiment_name="ports", trial_name="e",
+        seed=3, train=TrainConfig(total_steps=1, lr=1e-4, bf16=False, checkpoint_every=0,
+                                  save_optimizer=False),
+        rollout=RolloutConfig(group_size=2, batch_size=1, max_concurrent_rollouts=8,
+                              progress=False, episode_timeout_s=30.0))
+    services = InProcessServices(engine=TimedEngine())
+    workflow = SlowEvalWorkflow()
+
+    async def launcher(actor: Any) -> InProcessServices:
+        return services
+
+    held_out = [{"q": i} for i in range(4)]
+    result = PPOTrainer(cfg, [{"q": 1}, {"q": 2}], held_out, launcher=launcher).train(workflow)
+    assert result.steps == 1 and result.eval_before is not None
+    evals = [e for e in workflow.log if e[0] == "eval"]
+    before_end = max(t for kind, edge, _, t in evals[: 2 * len(held_out)] if edge == "end")
+    rl_starts = [t for kind, edge, _, t in workflow.log if kind == "rl" and edge == "start"]
+    assert min(rl_starts) < before_end  # rollouts began while the eval still ran
+    assert all(v == 0 for kind, _, v, t in evals if t <= before_end)  # scored at version 0
+    assert isinstance(services.engine, TimedEngine)
+    assert services.engine.times[0] > before_end  # the first update waited for the eval
 
 
 def test_rows_from_a_tensor_dict_keep_turns_and_name_missing_fields() -> None:

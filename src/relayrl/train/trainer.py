@@ -5,7 +5,9 @@ What serves the policy (engine, gateway, the agents' sessions) is started by a `
 
 One step: `controller.next_batch()` → `compute_advantages` → `actor.update` (in a worker thread,
 so rollouts for the next batch keep sampling: asynchronous, bounded by `max_staleness`) →
-`engine.update_weights` → log. Everything else here is set-up and tear-down.
+`engine.update_weights` → log. The RL rollouts start as the held-out eval before RL does, with
+the same weights, so the first update finds its batch ready. Everything else here is set-up and
+tear-down.
 
 Imports: train, rollout (records and config), trajectory, models. Never engine, gateway or
 client: those belong to the launcher.
@@ -155,11 +157,18 @@ class PPOTrainer:
                 if cfg.eval.base:
                     base = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "base")
                 await run.warm_start(read_jsonl(cfg.sft.data))
-            before = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "before RL")
-            before_step = actor.step
-            await run.loop(workflow, workflow_kwargs, self.train_dataset, logger,
-                           evaluate=lambda: run.evaluate(workflow, eval_kwargs, self.eval_dataset,
-                                                         f"at step {actor.step}"))
+            async with run.rollouts(workflow, workflow_kwargs, self.train_dataset) as rollouts:
+                # The first batches sample with the weights the eval scores, beside it: the
+                # engine batches both, and the first update need not wait for its batch. No
+                # update runs before the eval ends, so every eval token is of this version.
+                start = getattr(rollouts, "start", None)
+                if start is not None and actor.step < cfg.train.total_steps:
+                    start()
+                before = await run.evaluate(workflow, eval_kwargs, self.eval_dataset,
+                                            "before RL")
+                before_step = actor.step
+                await run.loop(rollouts, logger, evaluate=lambda: run.evaluate(
+                    workflow, eval_kwargs, self.eval_dataset, f"at step {actor.step}"))
             after = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "after RL")
         finally:
             run.update_thread.shutdown(wait=False)
@@ -406,50 +415,53 @@ class _Run:
                         scores[int(task)] = max(r, scores.get(int(task), float("-inf")))
         return scores
 
-    async def loop(self, workflow: Any, kwargs: dict[str, Any] | None,
-                   dataset: Sequence[dict[str, Any]], logger: MetricsLogger,
+    def rollouts(self, workflow: Any, kwargs: dict[str, Any] | None,
+                 dataset: Sequence[dict[str, Any]]) -> BatchSource:
+        """The source of the RL loop's batches (enter it, then pass it to `loop`)."""
+        return self._controller(workflow, kwargs, dataset, is_eval=False)
+
+    async def loop(self, controller: BatchSource, logger: MetricsLogger,
                    evaluate: Callable[[], Awaitable[EvalResult | None]] | None = None) -> None:
-        """RL steps until `train.total_steps` (or the data runs out)."""
+        """RL steps on `controller`'s batches until `train.total_steps` (or the data runs out)."""
         cfg, actor = self.cfg, self.actor
-        async with self._controller(workflow, kwargs, dataset, is_eval=False) as controller:
-            skipped = 0
-            # bounded: batches without signal take no step, so allow a few of them per step
-            for _ in range(4 * cfg.train.total_steps):
-                if actor.step >= cfg.train.total_steps:
-                    break
-                try:
-                    # between updates: rollouts still running get the update's cores too
-                    with self._engine_takes_update_cores():
-                        batch = await controller.next_batch()
-                except StopAsyncIteration:
-                    break
-                # only our own rollouts stop under the staleness rule; agents of a service may
-                # call the engine at any time
-                running = (lambda c=controller: c.stats().running) if isinstance(
-                    controller, RolloutController) else None
-                metrics = await self.step(batch, running)
-                self.workflow_counters = dict(batch.stats.workflow)
-                if metrics.get("n_tokens", 0) == 0:
-                    skipped += 1
-                    counters = _counters_text(batch.stats.workflow)
-                    print(f"batch without signal (every group uniform, reward mean "
-                          f"{metrics.get('reward_mean', 0):.2f}): no step"
-                          f"{'; workflow ' + counters if counters else ''}", flush=True)
-                    continue
-                metrics["skipped_batches"] = float(skipped)
-                every = cfg.eval.every
-                if evaluate is not None and every and actor.step % every == 0:
-                    result = await evaluate()
-                    if result is not None:
-                        metrics["eval_reward"] = result.mean_reward
-                        metrics["eval_reward_se"] = result.stderr
-                        if result.tool_call_rate is not None:
-                            metrics["eval_tool_call_rate"] = result.tool_call_rate
-                logger.log(actor.step, metrics)
-                _print_step(actor.step, cfg.train.total_steps, metrics)
-                every = cfg.train.checkpoint_every
-                if every and actor.step % every == 0 and actor.step < cfg.train.total_steps:
-                    actor.save_checkpoint(cfg.checkpoint_dir)
+        skipped = 0
+        # bounded: batches without signal take no step, so allow a few of them per step
+        for _ in range(4 * cfg.train.total_steps):
+            if actor.step >= cfg.train.total_steps:
+                break
+            try:
+                # between updates: rollouts still running get the update's cores too
+                with self._engine_takes_update_cores():
+                    batch = await controller.next_batch()
+            except StopAsyncIteration:
+                break
+            # only our own rollouts stop under the staleness rule; agents of a service may
+            # call the engine at any time
+            running = (lambda c=controller: c.stats().running) if isinstance(
+                controller, RolloutController) else None
+            metrics = await self.step(batch, running)
+            self.workflow_counters = dict(batch.stats.workflow)
+            if metrics.get("n_tokens", 0) == 0:
+                skipped += 1
+                counters = _counters_text(batch.stats.workflow)
+                print(f"batch without signal (every group uniform, reward mean "
+                      f"{metrics.get('reward_mean', 0):.2f}): no step"
+                      f"{'; workflow ' + counters if counters else ''}", flush=True)
+                continue
+            metrics["skipped_batches"] = float(skipped)
+            every = cfg.eval.every
+            if evaluate is not None and every and actor.step % every == 0:
+                result = await evaluate()
+                if result is not None:
+                    metrics["eval_reward"] = result.mean_reward
+                    metrics["eval_reward_se"] = result.stderr
+                    if result.tool_call_rate is not None:
+                        metrics["eval_tool_call_rate"] = result.tool_call_rate
+            logger.log(actor.step, metrics)
+            _print_step(actor.step, cfg.train.total_steps, metrics)
+            every = cfg.train.checkpoint_every
+            if every and actor.step % every == 0 and actor.step < cfg.train.total_steps:
+                actor.save_checkpoint(cfg.checkpoint_dir)
 
     async def step(self, batch: Batch,
                    rollouts_running: Callable[[], int] | None = None) -> dict[str, float]:
