@@ -102,6 +102,11 @@ async def settled(engine: LocalEngine) -> None:
     raise AssertionError("the engine did not go idle")
 
 
+def random_ids(rnd: random.Random, n: int) -> list[int]:
+    """n random token ids (clear of the special ones)."""
+    return [rnd.randrange(100, 40000) for _ in range(n)]
+
+
 def req(ids: list[int], n: int = 10) -> GenerateRequest:
     return GenerateRequest(prompt_ids=ids, params=SamplingParams(max_new_tokens=n, temperature=0))
 
@@ -126,8 +131,8 @@ async def test_an_agents_next_turns_reuse_the_last_ones_kv_and_sample_the_same_t
 ) -> None:
     reuse, _ = engines
     rnd = random.Random(1)
-    system = [rnd.randrange(100, 40000) for _ in range(70)]
-    turn1 = [[*system, *(rnd.randrange(100, 40000) for _ in range(5 + 9 * i))] for i in range(4)]
+    system = random_ids(rnd, 70)
+    turn1 = [[*system, *random_ids(rnd, 5 + 9 * i)] for i in range(4)]
     a1, b1 = await both(engines, turn1)
     assert_same(a1, b1)
     before = reuse.prefix_stats
@@ -135,9 +140,9 @@ async def test_an_agents_next_turns_reuse_the_last_ones_kv_and_sample_the_same_t
     reused_before = before.reused_tokens
     # The next turn of each (its prompt, its reply, a tool result), plus a new episode that
     # shares only the system prompt and one that shares nothing, admitted together.
-    turn2 = [[*p, *o.output_ids, *(rnd.randrange(100, 40000) for _ in range(3 + i))]
+    turn2 = [[*p, *o.output_ids, *random_ids(rnd, 3 + i)]
              for i, (p, o) in enumerate(zip(turn1, b1, strict=True))]
-    turn2 += [[*system, 11, 12, 13], [rnd.randrange(100, 40000) for _ in range(40)]]
+    turn2 += [[*system, 11, 12, 13], random_ids(rnd, 40)]
     a2, b2 = await both(engines, turn2)
     assert_same(a2, b2)
     reused = reuse.prefix_stats.reused_tokens - reused_before  # type: ignore[union-attr]
@@ -153,9 +158,9 @@ async def test_requests_that_arrive_together_prefill_their_common_prompt_once(
     # prompt, with nothing cached: what a weight update leaves each new batch of rollouts.
     reuse, _ = engines
     rnd = random.Random(4)
-    system = [rnd.randrange(100, 40000) for _ in range(70)]
-    question = [*system, *(rnd.randrange(100, 40000) for _ in range(9))]
-    others = [[*system, *(rnd.randrange(100, 40000) for _ in range(5 + i))] for i in range(2)]
+    system = random_ids(rnd, 70)
+    question = [*system, *random_ids(rnd, 9)]
+    others = [[*system, *random_ids(rnd, 5 + i)] for i in range(2)]
     prompts = [question] * 4 + others
     stats = reuse.prefix_stats
     assert stats is not None
@@ -176,7 +181,7 @@ async def test_a_weight_update_clears_the_cache_and_later_tokens_follow_the_new_
 ) -> None:
     reuse, _ = engines
     rnd = random.Random(2)
-    prompt = [rnd.randrange(100, 40000) for _ in range(60)]
+    prompt = random_ids(rnd, 60)
     first, _ = await both(engines, [prompt])
     name = "model.layers.0.mlp.down_proj.weight"
     saved = reuse.model.state_dict()[name].clone()
@@ -199,7 +204,7 @@ async def test_a_sequence_that_lived_through_a_weight_update_is_not_kept(
 ) -> None:
     reuse, _ = engines
     rnd = random.Random(3)
-    prompt = [rnd.randrange(100, 40000) for _ in range(40)]
+    prompt = random_ids(rnd, 40)
     name = "model.norm.weight"
     saved = reuse.model.state_dict()[name].clone()
     stats = reuse.prefix_stats
