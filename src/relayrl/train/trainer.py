@@ -6,8 +6,8 @@ What serves the policy (engine, gateway, the agents' sessions) is started by a `
 One step: `controller.next_batch()` → `compute_advantages` → `actor.update` (in a worker thread,
 so rollouts for the next batch keep sampling: asynchronous, bounded by `max_staleness`) →
 `engine.update_weights` → log. The RL rollouts start as the held-out eval before RL does, with
-the same weights, so the first update finds its batch ready. Everything else here is set-up and
-tear-down.
+the same weights, so the first batch is sampled while the eval runs. Everything else here is
+set-up and tear-down.
 
 Imports: train, rollout (records and config), trajectory, models. Never engine, gateway or
 client: those belong to the launcher.
