@@ -120,6 +120,24 @@ def test_a_directory_an_older_conversion_left_is_converted_again(
     assert not is_provisioned(model)
 
 
+def test_without_torch_a_directory_an_older_conversion_left_is_served_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    import relayrl.models as models
+
+    monkeypatch.setenv("RELAYRL_HOME", str(tmp_path))
+    monkeypatch.setattr(models, "_can_convert", lambda: False)
+    model = PACKAGED_MODELS[DEFAULT_MODEL]
+    cached_dir(model).mkdir(parents=True)
+    (cached_dir(model) / ".relayrl-complete").write_text(model.sha256 + "\n")  # conversion 1
+    with caplog.at_level("WARNING", logger="relayrl.models"):
+        assert provision(model) == cached_dir(model)
+    assert "converted by an older relayrl" in caplog.text
+    (cached_dir(model) / ".relayrl-complete").unlink()  # never finished: nothing to serve
+    with pytest.raises(ModelError, match="needs torch"):
+        provision(model)
+
+
 def test_cache_kwarg_is_a_parameter_of_the_installed_transformers_forward() -> None:
     import inspect
 

