@@ -102,23 +102,25 @@ def cached_dir(model: PackagedModel) -> Path:
 
 def is_provisioned(model: PackagedModel) -> bool:
     """Whether the converted directory exists, was finished, and by this conversion."""
-    try:
-        return (cached_dir(model) / _COMPLETE_MARKER).read_text() == _marker(model)
-    except OSError:
-        return False
+    return _found_marker(model) == _marker(model)
 
 
 def _marker(model: PackagedModel) -> str:
     return f"{model.sha256}\nconversion {_CONVERSION}\n"
 
 
+def _found_marker(model: PackagedModel) -> str | None:
+    """The completion marker of the cached directory (None: never finished)."""
+    try:
+        return (cached_dir(model) / _COMPLETE_MARKER).read_text()
+    except OSError:
+        return None
+
+
 def _converted_before(model: PackagedModel) -> bool:
     """Whether an older relayrl finished converting this model's directory."""
-    try:
-        marker = (cached_dir(model) / _COMPLETE_MARKER).read_text()
-    except OSError:
-        return False
-    return marker.startswith(model.sha256) and marker != _marker(model)
+    found = _found_marker(model)
+    return found is not None and found.startswith(model.sha256) and found != _marker(model)
 
 
 _NEEDS_TRAIN_EXTRA = ("converting a packaged model needs torch, gguf and accelerate: "
