@@ -1,7 +1,9 @@
-"""The compiled decode-attention kernel against torch's SDPA, and how it is built and refused."""
+"""The compiled CPU kernels: decode attention against torch's SDPA, the whole bf16 decode step
+against the op-by-op step (both measured from an fp32 reference), how they are built and refused."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import shutil
 from pathlib import Path
@@ -11,7 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from relayrl.engine import cpu_kernels
-from relayrl.engine.cpu_kernels import DecodeAttention, decode_attention_kernel
+from relayrl.engine.cpu_kernels import (
+    DecodeAttention,
+    DecodeStep,
+    decode_attention_kernel,
+    decode_step_kernel,
+)
+from relayrl.engine.decoder import LeanDecoder
 
 
 def _has_avx512() -> bool:
@@ -56,7 +64,7 @@ def test_a_failed_build_leaves_torchs_attention(
     monkeypatch.setattr(cpu_kernels, "_loaded", {})
     with caplog.at_level(logging.WARNING, logger="relayrl.engine.cpu_kernels"):
         assert decode_attention_kernel() is None
-    assert "keeps torch's attention" in caplog.text
+    assert "torch's ops are used instead" in caplog.text
     assert not list((tmp_path / "kernels").glob("*.so"))  # no half-written library left
     monkeypatch.setattr(cpu_kernels, "_loaded", {})
     monkeypatch.delenv("CC")
@@ -152,3 +160,125 @@ def test_bad_arguments_are_refused_before_the_kernel_runs(kernel: DecodeAttentio
     assert not kernel.supports(torch.float16, 3, 64)
     assert not kernel.supports(torch.float32, 3, 72)
     assert not kernel.supports(torch.float32, 17, 64)
+
+
+# -- the whole-step bf16 kernel ---------------------------------------------------------------
+
+
+def _llama(seed: int, **overrides: object) -> torch.nn.Module:
+    """A small random Llama (2 layers, grouped heads) whose every size the step kernel takes."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    sizes = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                 max_position_embeddings=64, rms_norm_eps=1e-5)
+    sizes.update(overrides)
+    model = LlamaForCausalLM(LlamaConfig(**sizes)).eval()
+    with torch.no_grad():  # larger than the init's 0.02, so rounding has something to round
+        for p in model.parameters():
+            p.mul_(3.0)
+    return model
+
+
+def _decode(lean: LeanDecoder, ids: torch.Tensor, starts: list[int], steps: int,
+            cache_dtype: torch.dtype) -> list[torch.Tensor]:
+    """fp32 logits of `steps` teacher-forced decode steps; row b writes columns starts[b]..."""
+    batch = ids.shape[0]
+    caches = [torch.zeros(batch + 2, 2 * lean.kv_heads, 64, lean.head_dim, dtype=cache_dtype)
+              for _ in lean.layers]
+    out = []
+    for t in range(steps):
+        cols = [s + t for s in starts]
+        out.append(lean.step(ids[:, t], torch.tensor(cols), caches, max(cols) + 1, None,
+                             cols).float())
+    return out
+
+
+@pytest.fixture
+def step_kernel() -> DecodeStep:
+    built = decode_step_kernel()
+    if built is None:
+        pytest.skip("no C compiler, OpenMP or AVX512-BF16 here: decoding runs op by op")
+    return built
+
+
+@pytest.mark.parametrize("batch", [1, 5, 8, 13])
+def test_the_step_kernel_is_as_close_to_fp32_as_the_op_by_op_bf16_step(
+    step_kernel: DecodeStep, batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rows at different columns (their caches hold earlier steps), batches that fill the
+    # kernel's row groups (6) and its single-block tail: the same tokens through three steps,
+    # fp32 op by op (the reference), bf16 op by op and bf16 in one kernel call.
+    model = _llama(seed=batch)
+    attention = decode_attention_kernel()
+    exact = LeanDecoder(copy.deepcopy(model).float(), packed=False, attention=attention)
+    bf16 = model.to(torch.bfloat16)
+    ops = LeanDecoder(bf16, packed=False, attention=attention)
+    fused = LeanDecoder(bf16, packed=False, attention=attention, step_kernel=step_kernel)
+    assert fused.step_kernel is step_kernel and ops.step_kernel is None
+    ids = torch.randint(0, 512, (batch, 12), generator=torch.Generator().manual_seed(batch))
+    starts = [3 * b for b in range(batch)]
+    reference = _decode(exact, ids, starts, 12, torch.float32)
+    theirs = _decode(ops, ids, starts, 12, torch.bfloat16)
+
+    def op_by_op(*args: object) -> None:
+        raise AssertionError("the fused step ran an op-by-op norm")
+
+    monkeypatch.setattr(LeanDecoder, "_rms_norm", op_by_op)
+    ours = _decode(fused, ids, starts, 12, torch.bfloat16)
+    for r, t, o in zip(reference, theirs, ours, strict=True):
+        err_ops, err_fused = (t - r).abs().max(), (o - r).abs().max()
+        assert err_fused <= 1.5 * err_ops + 0.02, (float(err_fused), float(err_ops))
+        assert (o - t).abs().max() <= 4 * err_ops + 0.02
+    # (Most often bit for bit: the products' fp32 sums differ in order, which rounding to bf16
+    # mostly hides at these sizes; the default model's 49,152 logits show differences.)
+
+
+def test_the_step_kernel_follows_in_place_weight_changes(step_kernel: DecodeStep) -> None:
+    model = _llama(seed=7).to(torch.bfloat16)
+    fused = LeanDecoder(model, packed=False, attention=decode_attention_kernel(),
+                        step_kernel=step_kernel)
+    ids = torch.randint(0, 512, (3, 4), generator=torch.Generator().manual_seed(0))
+    before = _decode(fused, ids, [0, 1, 2], 4, torch.bfloat16)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.mul_(-1.0)
+        model.model.layers[0].input_layernorm.weight.mul_(0.5)
+    after = _decode(fused, ids, [0, 1, 2], 4, torch.bfloat16)
+    ops = LeanDecoder(model, packed=False, attention=decode_attention_kernel())
+    reference = _decode(ops, ids, [0, 1, 2], 4, torch.bfloat16)
+    assert not torch.equal(before[-1], after[-1])
+    for a, r in zip(after, reference, strict=True):
+        assert (a - r).abs().max() <= 0.05 * r.abs().max()
+
+
+def test_models_the_step_kernel_does_not_take_decode_op_by_op(step_kernel: DecodeStep) -> None:
+    attention = decode_attention_kernel()
+    fp32 = LeanDecoder(_llama(seed=1), packed=False, attention=attention,
+                       step_kernel=step_kernel)
+    biased = LeanDecoder(_llama(seed=1, attention_bias=True).to(torch.bfloat16), packed=False,
+                         attention=attention, step_kernel=step_kernel)
+    odd = LeanDecoder(_llama(seed=1, hidden_size=72, head_dim=24, num_attention_heads=3,
+                             num_key_value_heads=1).to(torch.bfloat16),
+                      packed=False, attention=attention, step_kernel=step_kernel)
+    no_attention = LeanDecoder(_llama(seed=1).to(torch.bfloat16), packed=False,
+                               step_kernel=step_kernel)
+    assert [d.step_kernel for d in (fp32, biased, odd, no_attention)] == [None] * 4
+
+
+def test_the_step_kernel_refuses_bad_arguments(step_kernel: DecodeStep) -> None:
+    model = _llama(seed=2).to(torch.bfloat16)
+    fused = LeanDecoder(model, packed=False, attention=decode_attention_kernel(),
+                        step_kernel=step_kernel)
+    caches = [torch.zeros(2, 4, 16, 32, dtype=torch.bfloat16) for _ in fused.layers]
+    ids = torch.tensor([1, 2])
+    with pytest.raises(ValueError, match="exceed"):
+        fused.step(ids, torch.tensor([3, 16]), caches, 17, None, [3, 16])
+    with pytest.raises(ValueError, match="exceed"):
+        fused.step(torch.tensor([1, 2, 3]), torch.tensor([0, 0, 0]), caches, 1, None, [0, 0, 0])
+    with pytest.raises(ValueError, match="bf16"):
+        fused.step(ids, torch.tensor([0, 0]), [c.float() for c in caches], 1, None, [0, 0])
+    with pytest.raises(ValueError, match="token ids"):
+        fused.step(torch.tensor([1, 512]), torch.tensor([0, 0]), caches, 1, None, [0, 0])
+    with pytest.raises(ValueError, match="cannot pack"):
+        DecodeStep.pack(torch.zeros(24, 8, dtype=torch.bfloat16))

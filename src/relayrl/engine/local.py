@@ -81,7 +81,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from relayrl.engine.base import validate_request
-from relayrl.engine.cpu_kernels import decode_attention_kernel
+from relayrl.engine.cpu_kernels import decode_attention_kernel, decode_step_kernel
 from relayrl.engine.decoder import LeanDecoder
 from relayrl.engine.prefix_cache import BLOCK, PrefixCache, PrefixEntry, PrefixStats, block_hashes
 from relayrl.engine.sampling import RowParams, sample
@@ -409,6 +409,8 @@ class LocalEngine:
             model's forward, padded; kept for comparison).
         decode_kernel: on CPU, attend at decode with relayrl's compiled kernel
             (`relayrl.engine.cpu_kernels`) instead of torch's SDPA, where it builds here.
+        fused_step: with `decode_kernel`, run each bf16 decode step of a bias-free model as one
+            compiled call (`csrc/decode_step.c`) where it builds (False: op by op in torch).
         prefix_cache_mb: memory for the KV of finished sequences, reused by later prompts that
             start with the same tokens (`relayrl.engine.prefix_cache`); 0 turns reuse off.
     """
@@ -427,6 +429,7 @@ class LocalEngine:
         lean_decode: bool = True,
         lean_prefill: bool = True,
         decode_kernel: bool = True,
+        fused_step: bool = True,
         prefix_cache_mb: int = 512,
     ) -> None:
         if max_batch_size <= 0:
@@ -444,9 +447,11 @@ class LocalEngine:
         self.packed_linears = _pack_linears(self.model)
         use_kernel = lean_decode and decode_kernel and self.device.type == "cpu"
         kernel = decode_attention_kernel() if use_kernel else None
+        step_kernel = decode_step_kernel() if use_kernel and fused_step else None
         # None for architectures it does not reproduce: those decode through the model's forward.
         self.lean = (
-            LeanDecoder.build(self.model, packed=self.packed_linears > 0, attention=kernel)
+            LeanDecoder.build(self.model, packed=self.packed_linears > 0, attention=kernel,
+                              step_kernel=step_kernel)
             if lean_decode
             else None
         )
