@@ -155,6 +155,35 @@ def test_the_first_rollouts_sample_beside_the_eval_before_rl_and_no_update_overt
     assert services.engine.times[0] > before_end  # the first update waited for the eval
 
 
+@pytest.mark.slow
+def test_held_out_episodes_run_as_many_at_once_as_eval_max_concurrent_says(
+        tmp_path: Path, tiny_llama_dir: str) -> None:
+    from relayrl.train.config import EvalConfig
+
+    cfg = RelayConfig(
+        model=tiny_llama_dir, fileroot=str(tmp_path), experiment_name="ports", trial_name="c",
+        seed=3, train=TrainConfig(total_steps=1, lr=1e-4, bf16=False, checkpoint_every=0,
+                                  save_optimizer=False),
+        rollout=RolloutConfig(group_size=2, batch_size=1, max_concurrent_rollouts=2,
+                              progress=False, episode_timeout_s=30.0),
+        eval=EvalConfig(max_concurrent=5))
+    services = InProcessServices()
+    workflow = SlowEvalWorkflow()
+
+    async def launcher(actor: Any) -> InProcessServices:
+        return services
+
+    held_out = [{"q": i} for i in range(7)]
+    PPOTrainer(cfg, [{"q": 1}, {"q": 2}], held_out, launcher=launcher).train(workflow)
+    assert sorted(r.max_concurrent_rollouts for r in services.rollouts) == [2, 5, 5]
+    running, most = 0, 0
+    for _kind, edge, _, _ in sorted((e for e in workflow.log if e[0] == "eval"),
+                                   key=lambda e: e[3]):
+        running += 1 if edge == "start" else -1
+        most = max(most, running)
+    assert most == 5  # not the 2 of the RL rollouts, not all 7
+
+
 def test_rows_from_a_tensor_dict_keep_turns_and_name_missing_fields() -> None:
     td = make_td(1, 8, reward=2.0, prompt_len=2)
     td["loss_mask"][0, 4:6] = 0  # two turns: [2, 4) and [6, 8)

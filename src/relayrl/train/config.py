@@ -87,11 +87,14 @@ class EvalConfig:
     every: int = 0                            # also evaluate every N training steps; 0 = never
     max_items: int | None = None              # evaluate on at most this many data items; None = all
     base: bool = False                        # also evaluate the model as loaded, before the SFT warm-start
+    max_concurrent: int | None = None         # held-out episodes run at once; None = rollout.max_concurrent_rollouts
     workflow_kwargs: dict[str, Any] = field(default_factory=dict)  # agent kwargs for eval (e.g. temperature 0)
 
     def __post_init__(self) -> None:
         if self.every < 0:
             raise ConfigError(f"every must be >= 0, got {self.every}")
+        if self.max_concurrent is not None and self.max_concurrent < 1:
+            raise ConfigError(f"max_concurrent must be >= 1 or null, got {self.max_concurrent}")
 
 
 @dataclass(frozen=True)
