@@ -250,6 +250,14 @@ def test_the_step_kernel_follows_in_place_weight_changes(step_kernel: DecodeStep
     assert not torch.equal(before[-1], after[-1])
     for a, r in zip(after, reference, strict=True):
         assert (a - r).abs().max() <= 0.05 * r.abs().max()
+    # A norm given new storage (not changed in place): the kernel must not read the old one.
+    norm = model.model.layers[1].post_attention_layernorm.weight
+    norm.data = norm.detach() * 2.0
+    swapped = _decode(fused, ids, [0, 1, 2], 4, torch.bfloat16)
+    swapped_ops = _decode(ops, ids, [0, 1, 2], 4, torch.bfloat16)
+    assert not torch.equal(swapped[-1], after[-1])
+    for a, r in zip(swapped, swapped_ops, strict=True):
+        assert (a - r).abs().max() <= 0.05 * r.abs().max()
 
 
 def test_models_the_step_kernel_does_not_take_decode_op_by_op(step_kernel: DecodeStep) -> None:

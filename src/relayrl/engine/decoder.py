@@ -148,7 +148,7 @@ class LeanDecoder:
         self._sources = [
             t for p in self._products for t in (*p.sources, *p.biases) if t is not None
         ]
-        self._seen = -1
+        self._seen: Any = None
         self._cos, self._sin = _rope_tables(model, self.dtype)
         groups = self.heads // self.kv_heads
         supported = attention is not None and attention.supports(self.dtype, groups, self.head_dim)
@@ -196,8 +196,11 @@ class LeanDecoder:
             return None
 
     def _refresh(self) -> None:
-        # In-place changes bump version counters; their sum only ever grows.
-        seen = sum(t._version for t in self._sources)
+        # In-place changes bump version counters; their sum only ever grows. The kernel's table
+        # holds the norms' addresses, so a norm whose storage was swapped (`.data = ...`) counts.
+        seen: Any = sum(t._version for t in self._sources)
+        if self.step_kernel is not None:
+            seen = (seen, *(t.data_ptr() for x in self.layers for t in (x.norm_in, x.norm_post)))
         if seen != self._seen:
             for product in self._products:
                 product.rebuild()
