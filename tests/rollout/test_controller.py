@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 
 import pytest
 
 from relayrl.errors import ConfigError
 from relayrl.rollout import RolloutConfig, RolloutController
-from relayrl.workflow import GroupedWorkflow
+from relayrl.workflow import GroupedWorkflow, RolloutWorkflow
+from relayrl.workflow import workflow_context as wc
 from tests.workflow.helpers import LengthWorkflow, ScriptedWorkflow, make_td
 
 
@@ -206,3 +208,117 @@ async def test_dynamic_sampling_is_off_by_default_and_in_eval() -> None:
 def test_a_negative_dynamic_sampling_budget_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="dynamic_sampling_budget"):
         _config(dynamic_sampling_budget=-1)
+
+
+class GatedWorkflow(RolloutWorkflow):
+    """Each item's episodes wait for that item's gate; reward from the data, else a spread."""
+
+    def __init__(self) -> None:
+        self.gates: dict[str, asyncio.Event] = {}
+        self.started: list[str] = []
+        self.cancelled: list[str] = []
+
+    def release(self, *keys: str) -> None:
+        for key in keys:
+            self.gates.setdefault(key, asyncio.Event()).set()
+
+    async def arun_episode(self, engine, data):
+        ctx = wc.get()
+        key = data["key"]
+        if ctx.sample_index == 0:
+            self.started.append(key)
+        try:
+            await self.gates.setdefault(key, asyncio.Event()).wait()
+        except asyncio.CancelledError:
+            if ctx.sample_index == 0:
+                self.cancelled.append(key)
+            raise
+        return make_td(1, 4, reward=float(data.get("reward", ctx.sample_index)))
+
+
+async def _until(condition, timeout_s: float = 5.0) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+async def test_oversampling_runs_replacements_early_and_batches_in_admission_order() -> None:
+    # a uniform, b c d spread; batch of 2 at staleness 0: the rule alone runs 2 groups at once
+    data = [{"key": "a", "reward": 1.0}, {"key": "b"}, {"key": "c"}, {"key": "d"},
+            {"key": "e"}, {"key": "f"}]
+    wf = GatedWorkflow()
+    cfg = _config(group_size=2, batch_size=2, max_staleness=0, max_concurrent_rollouts=20,
+                  dynamic_sampling=True, oversample_groups=2)
+    async with RolloutController(wf, data, cfg) as rc:
+        rc.start()
+        await _until(lambda: len(wf.started) == 4)
+        await asyncio.sleep(0.05)
+        assert wf.started == ["a", "b", "c", "d"]  # 2 admitted by the rule, 2 oversampled
+        wf.release("d", "c")  # the later groups end first: they wait for a and b
+        await asyncio.sleep(0.05)
+        assert rc.stats().groups_queued == 0
+        wf.release("b", "a")
+        batch = await asyncio.wait_for(rc.next_batch(), 5)
+        stats = rc.stats()
+        # b and c: the first groups with signal in data order, not the first to end (d, c)
+        assert batch.task_ids == ("1", "1", "2", "2") and batch.staleness == (0, 0, 0, 0)
+        assert stats.groups_set_aside == 1 and stats.groups_discarded == 1  # a; d (too new)
+        assert stats.groups_accepted == 2 and stats.running == 0
+        assert wf.started == ["a", "b", "c", "d"]  # nothing new fits version 0's bound
+
+
+async def test_oversampled_groups_that_can_only_be_discarded_are_cancelled() -> None:
+    data = [{"key": "a"}, {"key": "b"}, {"key": "c"}, {"key": "d"}, {"key": "e"}]
+    wf = GatedWorkflow()
+    cfg = _config(group_size=2, batch_size=2, max_staleness=0, max_concurrent_rollouts=20,
+                  dynamic_sampling=True, oversample_groups=2)
+    async with RolloutController(wf, data, cfg) as rc:
+        rc.start()
+        await _until(lambda: len(wf.started) == 4)
+        wf.release("a", "b")  # both carry signal: the batch is full, c and d can only be discarded
+        batch = await asyncio.wait_for(rc.next_batch(), 5)
+        await _until(lambda: rc.stats().running == 0)
+        assert sorted(wf.cancelled) == ["c", "d"]
+        assert batch.task_ids == ("0", "0", "1", "1")
+        assert rc.stats().groups_discarded == 2 and rc.stats().groups_dropped == 0
+        rc.set_version(1)  # the next batch's groups start: the bound has room again
+        await _until(lambda: "e" in wf.started)
+
+
+async def test_oversampling_keeps_every_row_within_max_staleness() -> None:
+    # random episode lengths and a mix of uniform and spread groups, trained one step a batch
+    rng = random.Random(7)
+    data = [{"seqlen": 3, **({"reward": 1.0} if rng.random() < 0.5 else {})} for _ in range(64)]
+    for staleness in (0, 1):
+        cfg = _config(group_size=2, batch_size=2, max_staleness=staleness,
+                      max_concurrent_rollouts=16, dynamic_sampling=True, oversample_groups=3,
+                      dynamic_sampling_budget=100)
+        async with RolloutController(JitterWorkflow(rng), data, cfg) as rc:
+            for step in range(6):
+                batch = await asyncio.wait_for(rc.next_batch(), 5)
+                assert max(batch.staleness) <= staleness
+                for start in range(0, batch.num_rows, 2):  # only groups with signal
+                    assert len(set(batch.rows.rewards[start:start + 2])) == 2
+                await asyncio.sleep(rng.random() * 0.02)  # the update
+                rc.set_version(step + 1)
+            assert rc.stats().groups_discarded + rc.stats().groups_set_aside > 0
+
+
+class JitterWorkflow(RolloutWorkflow):
+    """Episodes of a random 0-20 ms, their tokens stamped with the version they started at."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    async def arun_episode(self, engine, data):
+        ctx = wc.get()
+        await asyncio.sleep(self.rng.random() * 0.02)
+        return make_td(1, 4, reward=float(data.get("reward", ctx.sample_index)),
+                       version=ctx.version)
+
+
+def test_a_negative_oversample_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="oversample_groups"):
+        _config(oversample_groups=-1)

@@ -38,6 +38,11 @@ class RolloutConfig:
     # signal; it is set aside and another item sampled in its place. Off in eval.
     dynamic_sampling: bool = False
     dynamic_sampling_budget: int = 3     # per batch, at most this × batch_size groups set aside
+    # DAPO's oversampling, asynchronous: with dynamic sampling, this many groups run beyond what
+    # the staleness rule admits, so a uniform group's replacement is already under way. Batches
+    # then take groups in admission order (no preference for quick episodes); a group the
+    # staleness bound no longer has room for is discarded (cancelled if still running).
+    oversample_groups: int = 0
 
     def __post_init__(self) -> None:
         if self.group_size < 1 or self.batch_size < 1:
@@ -52,6 +57,8 @@ class RolloutConfig:
         if self.dynamic_sampling_budget < 0:
             raise ConfigError(f"dynamic_sampling_budget must be >= 0, got "
                               f"{self.dynamic_sampling_budget}")
+        if self.oversample_groups < 0:
+            raise ConfigError(f"oversample_groups must be >= 0, got {self.oversample_groups}")
         if self.epochs is not None and self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1 or None, got {self.epochs}")
         default_http = AgentConfig.http_timeout_s

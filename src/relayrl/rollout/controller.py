@@ -14,6 +14,14 @@ released by the workflow on every path, including cancellation by `aclose`.
 
 Tradeoff: a group is all-or-nothing for admission (its members start together, so they sample
 from the same weights), which can leave up to `group_size - 1` concurrency slots idle.
+
+Oversampling (`oversample_groups`, with dynamic sampling): groups beyond the staleness rule's
+room start at once, so a uniform group's replacement is already running when it ends. Groups are
+then settled in admission order, not as they end: a batch holds the first groups (by data order)
+that carry signal, as if they had been sampled one after another, so short episodes are not
+preferred. A group whose place in that order would make it staler than `max_staleness` when
+trained (its accepted index past the limit at its admission version) is discarded, or cancelled
+while it still runs: the staleness bound holds as without oversampling.
 """
 
 from __future__ import annotations
@@ -81,6 +89,8 @@ class RolloutStats:
     """Rows handed to the trainer."""
     mean_staleness: float
     """Over rows handed out: trainer version at hand-out minus the row's first sampled version."""
+    groups_discarded: int = 0
+    """Oversampled groups with no room left under the staleness bound (discarded or cancelled)."""
     recent_errors: tuple[str, ...] = ()
     """The last few abort errors, `episode_id: Type: message`."""
     aborted_by_reason: dict[str, int] = field(default_factory=dict)
@@ -128,6 +138,12 @@ class _Group:
     rows: RowBatch
 
 
+@dataclass
+class _Running:
+    task: asyncio.Task[None]
+    admitted_version: int
+
+
 class RolloutController:
     """Runs `workflow` over `dataset` under `config`; `await next_batch()` for training rows.
 
@@ -169,6 +185,16 @@ class RolloutController:
         self._groups_dropped = 0
         self._groups_set_aside = 0
         self._set_aside_since_batch = 0
+        self._oversample = (config.oversample_groups
+                            if config.dynamic_sampling and not config.is_eval else 0)
+        self._groups_discarded = 0
+        self._running: dict[int, _Running] = {}
+        """Groups not settled yet, by admission number."""
+        self._ended: dict[int, _Group | None] = {}
+        """Oversampling: groups that ended and wait for their turn (None: nothing to train)."""
+        self._cursor = 0
+        """Oversampling: the admission number settled next."""
+        self._cancelled: set[int] = set()
         self._rows_out = 0
         self._staleness_sum = 0
         self._errors: deque[str] = deque(maxlen=_KEEP_ERRORS)
@@ -234,21 +260,34 @@ class RolloutController:
                     await self._wake.wait()
         self._notify()
 
+    def _room(self, version: int) -> bool:
+        """The staleness rule admits another group, or oversampling does."""
+        gate = self._gate
+        if gate.capacity(version) > 0:
+            return True
+        # an oversampled group admitted now must still fit the bound if every earlier one fails
+        return (gate.submitted < gate.limit(version) + self._oversample
+                and not self._past_bound(version))
+
     def _admit_what_fits(self) -> None:
         g = self.config.group_size
         version = self.version
         while (not self._paused and not self._exhausted
                and self._running_episodes + g <= self.config.max_concurrent_rollouts
-               and self._gate.capacity(version) > 0):
+               and self._room(version)):
             index = next(self._order, None)
             if index is None:
                 self._exhausted = True
                 break
-            self._gate.admit(version)
-            task_id = str(self._next_task_id)
+            if self._gate.capacity(version) > 0:
+                self._gate.admit(version)
+            else:
+                self._gate.add()  # oversampled: settled in order, discarded if past the bound
+            seq = self._next_task_id
             self._next_task_id += 1
             self._running_episodes += g
-            task = asyncio.create_task(self._run_group(task_id, self.dataset[index], version))
+            task = asyncio.create_task(self._run_group(seq, self.dataset[index], version))
+            self._running[seq] = _Running(task, version)
             self._tasks.add(task)
             task.add_done_callback(self._group_done)
 
@@ -256,11 +295,13 @@ class RolloutController:
         self._tasks.discard(task)
         self._poke()  # the feeder may be waiting for the last group to end the data
 
-    async def _run_group(self, task_id: str, data: dict[str, Any], version: int) -> None:
+    async def _run_group(self, seq: int, data: dict[str, Any], version: int) -> None:
+        task_id = str(seq)
         ctx = EpisodeContext(task_id=task_id, group_id=new_group_id(),
                              is_eval=self.config.is_eval, version=version)
         ended = 0
-        accepted = False
+        group: _Group | None = None
+        ran = False  # False: cancelled (oversampling's discard, or aclose)
 
         def on_done(outcome: EpisodeOutcome) -> None:
             nonlocal ended
@@ -275,24 +316,56 @@ class RolloutController:
             if finished:
                 group = _Group(task_id, version,
                                RowBatch.concat(o.rows for o in finished if o.rows is not None))
-                if self._set_aside(group.rows):
-                    self._groups_set_aside += 1
-                    self._set_aside_since_batch += 1
-                else:
-                    self._ready.append(group)
-                    accepted = True
-                    self._dump(group)
-            else:
-                self._groups_dropped += 1
-        except Exception as e:  # a bug above the episodes (merging, dumping): drop the group
+            ran = True
+        except Exception as e:  # a bug above the episodes (merging): drop the group
             log.exception("group %s failed", task_id)
             self._errors.append(f"group {task_id}: {type(e).__name__}: {e}")
-            self._groups_dropped += 1
+            ran = True
         finally:
-            self._gate.finish(accepted)
+            if not ran and seq not in self._cancelled:
+                self._cancelled.add(seq)  # closing: settled without being counted
             self._running_episodes -= self.config.group_size - ended  # members never reported
+            self._running.pop(seq, None)
+            if self._oversample:
+                self._ended[seq] = group
+                while self._cursor in self._ended:  # settle in admission order
+                    self._settle(self._cursor, self._ended.pop(self._cursor))
+                    self._cursor += 1
+                self._cancel_hopeless()
+            else:
+                self._settle(seq, group)
             self._poke()
             self._notify()
+
+    def _settle(self, seq: int, group: _Group | None) -> None:
+        """Batch, set aside, drop or discard an ended group; its staleness slot follows."""
+        accepted = False
+        if seq in self._cancelled:
+            self._cancelled.discard(seq)
+            self._groups_discarded += not self._closed
+        elif group is None:
+            self._groups_dropped += 1
+        elif self._set_aside(group.rows):
+            self._groups_set_aside += 1
+            self._set_aside_since_batch += 1
+        elif self._oversample and self._past_bound(group.admitted_version):
+            self._groups_discarded += 1
+        else:
+            self._ready.append(group)
+            accepted = True
+            self._dump(group)
+        self._gate.finish(accepted)
+
+    def _past_bound(self, admitted_version: int) -> bool:
+        """One more accepted group, admitted at this version, would be trained too stale."""
+        return self._gate.accepted >= self._gate.limit(admitted_version)
+
+    def _cancel_hopeless(self) -> None:
+        """Cancel running groups that could only be discarded (the engine has better work)."""
+        for seq, running in list(self._running.items()):
+            if seq not in self._cancelled and self._past_bound(running.admitted_version):
+                self._cancelled.add(seq)
+                running.task.cancel()
 
     def _set_aside(self, rows: RowBatch) -> bool:
         """Dynamic sampling: True for a uniform group while this batch's budget lasts."""
@@ -324,6 +397,8 @@ class RolloutController:
             self._dumper.dump(group.rows, group.task_id, self.version, self.config.is_eval)
         except OSError as e:  # a full disk must not stop training
             log.warning("could not dump group %s: %s", group.task_id, e)
+        except Exception:  # nor a bug in dumping: the group is trained on all the same
+            log.exception("could not dump group %s", group.task_id)
 
     def _notify(self) -> None:
         if self._changed is not None:
@@ -389,7 +464,7 @@ class RolloutController:
             accepted=s[EpisodeStatus.FINISHED], rejected=s[EpisodeStatus.REJECTED],
             aborted=s[EpisodeStatus.ABORTED], groups_running=self._gate.running,
             groups_accepted=self._gate.accepted, groups_dropped=self._groups_dropped,
-            groups_set_aside=self._groups_set_aside,
+            groups_set_aside=self._groups_set_aside, groups_discarded=self._groups_discarded,
             groups_queued=len(self._ready), rows_out=self._rows_out,
             mean_staleness=self._mean_staleness(), recent_errors=tuple(self._errors),
             aborted_by_reason=dict(self._abort_reasons), workflow=self._workflow_counters(),

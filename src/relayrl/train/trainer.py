@@ -490,6 +490,7 @@ class _Run:
             adv.stats, rows=float(tb.num_rows),
             aborted_episodes=float(stats.aborted), rejected_episodes=float(stats.rejected),
             set_aside_groups=float(stats.groups_set_aside),
+            discarded_groups=float(stats.groups_discarded),
             step_s=step_s, trained_tokens_per_s=trained_tokens(batch.rows) / max(step_s, 1e-9),
         )
         metrics.update(episode_metrics(batch.rows))
@@ -521,9 +522,9 @@ def _counters_text(counters: dict[str, float]) -> str:
 
 def _print_step(step: int, total: int, m: dict[str, float]) -> None:
     keys = ("reward_mean", "loss", "approx_kl", "clip_frac", "tool_call_rate",
-            "trained_tokens_per_s", "step_s", "set_aside_groups")
-    shown = " ".join(f"{k}={m[k]:.3g}" for k in keys
-                     if k in m and (m[k] or k != "set_aside_groups"))  # 0 unless dynamic sampling
+            "trained_tokens_per_s", "step_s", "set_aside_groups", "discarded_groups")
+    shown = " ".join(f"{k}={m[k]:.3g}" for k in keys  # the group counts: 0 unless dynamic sampling
+                     if k in m and (m[k] or not k.endswith("_groups")))
     counters = _counters_text({k[len(WORKFLOW_PREFIX):]: v for k, v in m.items()
                                if k.startswith(WORKFLOW_PREFIX)})
     print(f"step {step}/{total} {shown}{' workflow ' + counters if counters else ''}",
