@@ -244,14 +244,20 @@ async def _until(condition, timeout_s: float = 5.0) -> None:
     raise AssertionError("condition not met in time")
 
 
-async def test_oversampling_runs_replacements_early_and_batches_in_admission_order() -> None:
-    # a uniform, b c d spread; batch of 2 at staleness 0: the rule alone runs 2 groups at once
-    data = [{"key": "a", "reward": 1.0}, {"key": "b"}, {"key": "c"}, {"key": "d"},
-            {"key": "e"}, {"key": "f"}]
+def _oversampled(data: list[dict]) -> tuple[GatedWorkflow, RolloutController]:
+    """Gated episodes, groups of 2, batches of 2 at staleness 0 (the rule alone runs 2 groups
+    at once), 2 groups oversampled."""
     wf = GatedWorkflow()
     cfg = _config(group_size=2, batch_size=2, max_staleness=0, max_concurrent_rollouts=20,
                   dynamic_sampling=True, oversample_groups=2)
-    async with RolloutController(wf, data, cfg) as rc:
+    return wf, RolloutController(wf, data, cfg)
+
+
+async def test_oversampling_runs_replacements_early_and_batches_in_admission_order() -> None:
+    # a uniform, b c d spread
+    wf, rc = _oversampled([{"key": "a", "reward": 1.0}, {"key": "b"}, {"key": "c"},
+                           {"key": "d"}, {"key": "e"}, {"key": "f"}])
+    async with rc:
         rc.start()
         await _until(lambda: len(wf.started) == 4)
         await asyncio.sleep(0.05)
@@ -270,11 +276,8 @@ async def test_oversampling_runs_replacements_early_and_batches_in_admission_ord
 
 
 async def test_oversampled_groups_that_can_only_be_discarded_are_cancelled() -> None:
-    data = [{"key": "a"}, {"key": "b"}, {"key": "c"}, {"key": "d"}, {"key": "e"}]
-    wf = GatedWorkflow()
-    cfg = _config(group_size=2, batch_size=2, max_staleness=0, max_concurrent_rollouts=20,
-                  dynamic_sampling=True, oversample_groups=2)
-    async with RolloutController(wf, data, cfg) as rc:
+    wf, rc = _oversampled([{"key": k} for k in "abcde"])
+    async with rc:
         rc.start()
         await _until(lambda: len(wf.started) == 4)
         wf.release("a", "b")  # both carry signal: the batch is full, c and d can only be discarded

@@ -142,6 +142,8 @@ class _Group:
 class _Running:
     task: asyncio.Task[None]
     admitted_version: int
+    started: bool = False
+    """Its coroutine runs: cancelling it now reaches its `finally` (before, nothing would)."""
 
 
 class RolloutController:
@@ -299,6 +301,7 @@ class RolloutController:
         task_id = str(seq)
         ctx = EpisodeContext(task_id=task_id, group_id=new_group_id(),
                              is_eval=self.config.is_eval, version=version)
+        self._running[seq].started = True
         ended = 0
         group: _Group | None = None
         ran = False  # False: cancelled (oversampling's discard, or aclose)
@@ -309,6 +312,8 @@ class RolloutController:
             self._episode_done(outcome)
 
         try:
+            if self._oversample and self._past_bound(version):
+                return  # became hopeless before it started (not ran: settled as discarded)
             with episode_scope(ctx):
                 outcomes = await self._group.run_members(
                     self.engine, data, self.config.episode_timeout_s, on_done=on_done)
@@ -322,8 +327,8 @@ class RolloutController:
             self._errors.append(f"group {task_id}: {type(e).__name__}: {e}")
             ran = True
         finally:
-            if not ran and seq not in self._cancelled:
-                self._cancelled.add(seq)  # closing: settled without being counted
+            if not ran:
+                self._cancelled.add(seq)
             self._running_episodes -= self.config.group_size - ended  # members never reported
             self._running.pop(seq, None)
             if self._oversample:
@@ -363,7 +368,8 @@ class RolloutController:
     def _cancel_hopeless(self) -> None:
         """Cancel running groups that could only be discarded (the engine has better work)."""
         for seq, running in list(self._running.items()):
-            if seq not in self._cancelled and self._past_bound(running.admitted_version):
+            if (running.started and seq not in self._cancelled
+                    and self._past_bound(running.admitted_version)):
                 self._cancelled.add(seq)
                 running.task.cancel()
 
