@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from relayrl.errors import ConfigError
+from relayrl.errors import ConfigError, InvalidRequest
 from relayrl.rollout import RolloutConfig, RolloutController
 from relayrl.workflow import GroupedWorkflow, RolloutWorkflow
 from relayrl.workflow import workflow_context as wc
@@ -82,6 +82,41 @@ async def test_admission_stops_at_the_staleness_limit_until_the_version_moves() 
     rc.set_version(1)
     batch = await asyncio.wait_for(rc.next_batch(), 5)
     assert batch.version == 1 and rc.stats().groups_accepted == 4
+    await rc.aclose()
+
+
+async def test_limit_batches_admits_no_group_for_a_batch_nobody_takes() -> None:
+    # staleness alone would let (0 + 5 + 1) * 2 = 12 groups run; the trainer wants 2 batches
+    cfg = _config(group_size=1, batch_size=2, max_staleness=5, max_concurrent_rollouts=8)
+    rc = RolloutController(LengthWorkflow(), [{"seqlen": 3}], cfg)
+    rc.limit_batches(2)
+    await asyncio.wait_for(rc.next_batch(), 5)
+    rc.limit_batches(1)  # what the trainer says before taking its last batch
+    await asyncio.wait_for(rc.next_batch(), 5)
+    await asyncio.sleep(0.05)
+    assert rc.stats().groups_accepted == 4 and rc.stats().running == 0
+    rc.limit_batches(1)  # a batch without signal took no step: one more batch
+    await asyncio.wait_for(rc.next_batch(), 5)
+    await asyncio.sleep(0.05)
+    assert rc.stats().groups_accepted == 6
+    rc.limit_batches(None)
+    await asyncio.wait_for(rc.next_batch(), 5)
+    assert rc.stats().groups_accepted > 8  # staleness limits it again: (0 + 5 + 1) * 2
+    await rc.aclose()
+    with pytest.raises(InvalidRequest, match="remaining batches"):
+        rc.limit_batches(-1)
+
+
+async def test_limit_batches_still_runs_dynamic_sampling_replacements() -> None:
+    data = [{"reward": 1.0}, {}, {"reward": 0.0}, {}]  # uniform, spread, uniform, spread
+    cfg = _config(group_size=2, batch_size=2, max_staleness=3, dynamic_sampling=True,
+                  max_concurrent_rollouts=2)
+    rc = RolloutController(LengthWorkflow(), data, cfg)
+    rc.limit_batches(1)
+    batch = await asyncio.wait_for(rc.next_batch(), 5)
+    await asyncio.sleep(0.05)
+    assert batch.group_sizes == (2, 2) and rc.stats().groups_set_aside == 2
+    assert rc.stats().groups_accepted == 2 and rc.stats().running == 0
     await rc.aclose()
 
 

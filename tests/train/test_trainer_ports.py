@@ -266,3 +266,35 @@ async def test_an_eval_retries_aborted_items_once_and_never_scores_them_zero(tmp
     assert (result.episodes, result.aborted, result.excluded) == (3, 2, 1)
     assert result.mean_reward == pytest.approx(2 / 3)  # "broken" is left out, not a 0
     assert wf.tries == {"ok": 1, "slow-once": 2, "broken": 2, "zero": 1}
+
+
+class CountingWorkflow(TwoTurnWorkflow):
+    """TwoTurnWorkflow that counts the training episodes it was asked to run."""
+
+    def __init__(self) -> None:
+        self.rl_episodes = 0
+
+    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, TrajectoryRow]:
+        self.rl_episodes += not wc.get().is_eval
+        return await super().arun_episode(engine, data)
+
+
+@pytest.mark.slow
+def test_no_episode_runs_for_a_batch_that_no_step_will_take(
+        tmp_path: Path, tiny_llama_dir: str) -> None:
+    # staleness 4 would let five groups run ahead; two steps take two batches of one group
+    cfg = RelayConfig(
+        model=tiny_llama_dir, fileroot=str(tmp_path), experiment_name="ports", trial_name="n",
+        seed=3, train=TrainConfig(total_steps=2, lr=1e-4, bf16=False, checkpoint_every=0,
+                                  save_optimizer=False),
+        rollout=RolloutConfig(group_size=2, batch_size=1, max_concurrent_rollouts=8,
+                              max_staleness=4, progress=False, episode_timeout_s=30.0))
+    services = InProcessServices()
+    workflow = CountingWorkflow()
+
+    async def launcher(actor: Any) -> InProcessServices:
+        return services
+
+    result = PPOTrainer(cfg, [{"q": i} for i in range(8)], launcher=launcher).train(workflow)
+    assert result.steps == 2
+    assert workflow.rl_episodes == 4  # two groups of two, nothing sampled to be thrown away

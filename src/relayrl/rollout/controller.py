@@ -22,6 +22,10 @@ that carry signal, as if they had been sampled one after another, so short episo
 preferred. A group whose place in that order would make it staler than `max_staleness` when
 trained (its accepted index past the limit at its admission version) is discarded, or cancelled
 while it still runs: the staleness bound holds as without oversampling.
+
+The trainer says how many batches it will still take (`limit_batches`), so no episode runs for a
+batch nobody takes: the last update gets the engine's cores instead of sampling a batch that is
+cancelled when training ends.
 """
 
 from __future__ import annotations
@@ -197,6 +201,10 @@ class RolloutController:
         self._cursor = 0
         """Oversampling: the admission number settled next."""
         self._cancelled: set[int] = set()
+        self._groups_out = 0
+        """Groups handed out in batches."""
+        self._group_cap: int | None = None
+        """`limit_batches`: most groups ever accepted or running (None: only staleness limits)."""
         self._rows_out = 0
         self._staleness_sum = 0
         self._errors: deque[str] = deque(maxlen=_KEEP_ERRORS)
@@ -224,6 +232,22 @@ class RolloutController:
         """Admit groups again."""
         self._paused = False
         self._poke()
+
+    def limit_batches(self, remaining: int | None) -> None:
+        """Admit groups for at most `remaining` more batches than handed out so far (None: any).
+
+        Dynamic sampling's replacements still run (a set-aside group frees its place)."""
+        if remaining is not None and remaining < 0:
+            raise InvalidRequest(f"remaining batches must be >= 0; got {remaining}")
+        self._group_cap = (None if remaining is None
+                           else self._groups_out + remaining * self.config.batch_size)
+        self._poke()
+
+    def _limit(self, version: int) -> int:
+        """Most groups accepted or running at `version`: the staleness rule, and the trainer's
+        remaining batches."""
+        limit = self._gate.limit(version)
+        return limit if self._group_cap is None else min(limit, self._group_cap)
 
     def _poke(self) -> None:
         if self._wake is not None:
@@ -265,10 +289,10 @@ class RolloutController:
     def _room(self, version: int) -> bool:
         """The staleness rule admits another group, or oversampling does."""
         gate = self._gate
-        if gate.capacity(version) > 0:
+        if gate.submitted < self._limit(version):
             return True
         # an oversampled group admitted now must still fit the bound if every earlier one fails
-        return (gate.submitted < gate.limit(version) + self._oversample
+        return (gate.submitted < self._limit(version) + self._oversample
                 and not self._past_bound(version))
 
     def _admit_what_fits(self) -> None:
@@ -281,7 +305,7 @@ class RolloutController:
             if index is None:
                 self._exhausted = True
                 break
-            if self._gate.capacity(version) > 0:
+            if self._gate.submitted < self._limit(version):
                 self._gate.admit(version)
             else:
                 self._gate.add()  # oversampled: settled in order, discarded if past the bound
@@ -439,6 +463,7 @@ class RolloutController:
         staleness = tuple(version - (h if h >= 0 else a)
                           for h, a in zip(heads, admitted, strict=True))
         self._rows_out += len(staleness)
+        self._groups_out += len(groups)
         self._staleness_sum += sum(staleness)
         self._set_aside_since_batch = 0
         self._poke()  # handing out frees no slot, but the trainer may bump the version next

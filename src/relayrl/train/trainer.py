@@ -163,19 +163,24 @@ class PPOTrainer:
                 # update runs before the eval ends, so every eval token is of this version.
                 start = getattr(rollouts, "start", None)
                 if start is not None and actor.step < cfg.train.total_steps:
+                    _want_batches(rollouts, cfg.train.total_steps - actor.step)
                     start()
                 before = await run.evaluate(workflow, eval_kwargs, self.eval_dataset,
                                             "before RL")
                 before_step = actor.step
                 await run.loop(rollouts, logger, evaluate=lambda: run.evaluate(
                     workflow, eval_kwargs, self.eval_dataset, f"at step {actor.step}"))
+            # the final weights are written while the eval after RL scores them (the engine
+            # holds its own copy; nothing updates the actor's weights any more)
+            saving = asyncio.get_running_loop().run_in_executor(
+                run.update_thread, actor.save_checkpoint, cfg.checkpoint_dir)
             after = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "after RL")
+            checkpoint = await saving
         finally:
             run.update_thread.shutdown(wait=False)
             await run.services.aclose()
         if isinstance(actor, DistributedActor):
             actor.stop_followers()  # (on an error the launcher stops them instead)
-        checkpoint = actor.save_checkpoint(cfg.checkpoint_dir)
         evals = {"eval_reward_base": base, "eval_reward_before": before, "eval_reward_after": after}
         logger.log(actor.step, {"eval_before_step": before_step,
                                 **{k: v.mean_reward for k, v in evals.items() if v is not None},
@@ -430,6 +435,8 @@ class _Run:
         for _ in range(4 * cfg.train.total_steps):
             if actor.step >= cfg.train.total_steps:
                 break
+            # no episode for a batch that no step will take (a skipped batch asks for one more)
+            _want_batches(controller, cfg.train.total_steps - actor.step)
             try:
                 # between updates: rollouts still running get the update's cores too
                 with self._engine_takes_update_cores():
@@ -501,6 +508,13 @@ class _Run:
         # server's response_mask agreement, the rollouts it dropped or that failed)
         metrics.update({f"{WORKFLOW_PREFIX}{k}": float(v) for k, v in stats.workflow.items()})
         return metrics
+
+
+def _want_batches(source: Any, remaining: int) -> None:
+    """Tell a rollout controller how many more batches training will take (others: nothing)."""
+    limit = getattr(source, "limit_batches", None)
+    if limit is not None:
+        limit(remaining)
 
 
 def _eval_extras(evals: dict[str, EvalResult | None]) -> dict[str, float]:
