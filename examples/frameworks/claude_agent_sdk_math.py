@@ -12,6 +12,7 @@ prompt and tool list (about 20k tokens) do not fit a small model's context. No r
 from __future__ import annotations
 
 import os
+from contextlib import aclosing
 from typing import Any
 
 from claude_agent_sdk import (
@@ -64,17 +65,20 @@ async def run(task: dict[str, Any], *, base_url: str, api_key: str, max_tokens: 
              "HOME": os.environ.get("HOME", "/tmp")},
     )
     text = ""
-    async for message in query(prompt=question(task), options=options):
-        if isinstance(message, AssistantMessage):
-            text = "".join(b.text for b in message.content if isinstance(b, TextBlock)) or text
-        elif isinstance(message, ResultMessage):
-            if message.api_error_status is not None:
-                raise ClaudeApiError(f"{message.api_error_status}: {message.result}")
-            if message.is_error:
-                # e.g. error_max_turns, or a reply cut at max_tokens (the CLI calls that an
-                # error): the policy's doing, a wrong answer
-                return 0.0
-            text = message.result or text
+    # aclosing: leaving the loop early must still stop the CLI process now, on this event loop
+    async with aclosing(query(prompt=question(task), options=options)) as messages:
+        async for message in messages:
+            if isinstance(message, AssistantMessage):
+                text = "".join(b.text for b in message.content
+                               if isinstance(b, TextBlock)) or text
+            elif isinstance(message, ResultMessage):
+                if message.api_error_status is not None:
+                    raise ClaudeApiError(f"{message.api_error_status}: {message.result}")
+                if message.is_error:
+                    # e.g. error_max_turns, or a reply cut at max_tokens (the CLI calls that an
+                    # error): the policy's doing, a wrong answer
+                    return 0.0
+                text = message.result or text
     return check_answer(text, task["answer"])
 
 
