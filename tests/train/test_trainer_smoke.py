@@ -45,7 +45,7 @@ def test_relayrl_train_runs_steps_and_writes_checkpoint_metrics_and_plot(tmp_pat
         "sft.max_rows=8", "eval.max_items=2", "eval.base=false", "train.total_steps=2",
         "rollout.group_size=2", "rollout.batch_size=2", "workflow_kwargs.max_tokens=24",
         "train.drop_uniform_groups=false",  # every batch then takes a step: 2 steps exactly
-        "eval.every=2",
+        "eval.every=1",
         "train.kl_coef=0.05", "train.kl_reference=warm_start",
         f"data.train={ROOT / 'examples' / 'math_agent' / 'train.jsonl'}",
         f"data.eval={ROOT / 'examples' / 'math_agent' / 'eval.jsonl'}",
@@ -64,6 +64,10 @@ def test_relayrl_train_runs_steps_and_writes_checkpoint_metrics_and_plot(tmp_pat
     kl = {m["step"]: m["ref_kl"] for m in lines if "ref_kl" in m}
     assert kl[1] == pytest.approx(0.0, abs=1e-6) and kl[2] > 0
     assert any("eval_reward_after" in m for m in lines)
-    assert [m["step"] for m in lines if "eval_reward" in m] == [2]  # eval.every=2
+    # eval.every=1: step 1 is evaluated in the loop; step 2's weights only once, after RL
+    assert [m["step"] for m in lines if "eval_reward" in m] == [1, 2]
+    assert "eval at step 1:" in proc.stdout and "eval at step 2:" not in proc.stdout
+    final = next(m for m in lines if "eval_reward_after" in m)
+    assert final["eval_reward"] == final["eval_reward_after"]
     assert (run / "logs" / "reward_loss.png").stat().st_size > 1000
     assert list((run / "logs").glob("events.out.tfevents.*"))

@@ -84,7 +84,7 @@ class TrainConfig:
 class EvalConfig:
     """Held-out evaluation before and after RL (one episode per item, no training)."""
 
-    every: int = 0                            # also evaluate every N training steps; 0 = never
+    every: int = 0                            # also evaluate every N training steps (the last by the eval after RL); 0 = never
     max_items: int | None = None              # evaluate on at most this many data items; None = all
     base: bool = False                        # also evaluate the model as loaded, before the SFT warm-start
     max_concurrent: int | None = None         # held-out episodes run at once; None = rollout.max_concurrent_rollouts

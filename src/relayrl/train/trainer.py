@@ -182,9 +182,14 @@ class PPOTrainer:
         if isinstance(actor, DistributedActor):
             actor.stop_followers()  # (on an error the launcher stops them instead)
         evals = {"eval_reward_base": base, "eval_reward_before": before, "eval_reward_after": after}
-        logger.log(actor.step, {"eval_before_step": before_step,
-                                **{k: v.mean_reward for k, v in evals.items() if v is not None},
-                                **_eval_extras(evals)})
+        final = {"eval_before_step": before_step,
+                 **{k: v.mean_reward for k, v in evals.items() if v is not None},
+                 **_eval_extras(evals)}
+        every = cfg.eval.every
+        if after is not None and every and actor.step % every == 0 \
+                and actor.step >= cfg.train.total_steps:
+            final.update(_eval_metrics(after))  # the periodic eval of the last step (see loop)
+        logger.log(actor.step, final)
         plot = logger.plot(cfg.log_dir / "reward_loss.png")
         logger.close()
         return TrainResult(actor.step, checkpoint, base, before, after, plot,
@@ -458,13 +463,12 @@ class _Run:
                 continue
             metrics["skipped_batches"] = float(skipped)
             every = cfg.eval.every
-            if evaluate is not None and every and actor.step % every == 0:
+            # the last step's weights are scored once, by the eval after RL (logged as both)
+            if (evaluate is not None and every and actor.step % every == 0
+                    and actor.step < cfg.train.total_steps):
                 result = await evaluate()
                 if result is not None:
-                    metrics["eval_reward"] = result.mean_reward
-                    metrics["eval_reward_se"] = result.stderr
-                    if result.tool_call_rate is not None:
-                        metrics["eval_tool_call_rate"] = result.tool_call_rate
+                    metrics.update(_eval_metrics(result))
             logger.log(actor.step, metrics)
             _print_step(actor.step, cfg.train.total_steps, metrics)
             every = cfg.train.checkpoint_every
@@ -515,6 +519,14 @@ def _want_batches(source: Any, remaining: int) -> None:
     limit = getattr(source, "limit_batches", None)
     if limit is not None:
         limit(remaining)
+
+
+def _eval_metrics(result: EvalResult) -> dict[str, float]:
+    """A periodic held-out eval as step metrics."""
+    out = {"eval_reward": result.mean_reward, "eval_reward_se": result.stderr}
+    if result.tool_call_rate is not None:
+        out["eval_tool_call_rate"] = result.tool_call_rate
+    return out
 
 
 def _eval_extras(evals: dict[str, EvalResult | None]) -> dict[str, float]:
