@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,21 +77,34 @@ class InProcessServices:
         self.closed = True
 
 
-@pytest.mark.slow
-def test_turn_advantages_train_through_the_trainer_on_a_launcher_it_was_handed(
-        tmp_path: Path, tiny_llama_dir: str) -> None:
-    cfg = RelayConfig(
-        model=tiny_llama_dir, fileroot=str(tmp_path), experiment_name="ports", trial_name="t",
-        seed=7, train=TrainConfig(advantage_source="turn", total_steps=2, lr=1e-4, bf16=False,
-                          checkpoint_every=0, save_optimizer=False),
-        rollout=RolloutConfig(group_size=2, batch_size=1, max_concurrent_rollouts=4,
-                              progress=False, episode_timeout_s=30.0))
-    services = InProcessServices()
+def _tiny_run(tmp_path: Path, model: str, trial: str, *, seed: int = 3, total_steps: int = 1,
+              train: dict[str, Any] | None = None, **rollout: Any) -> RelayConfig:
+    """A run of `total_steps` steps, one group of two per batch, fp32, checkpoint at the end."""
+    return RelayConfig(
+        model=model, fileroot=str(tmp_path), experiment_name="ports", trial_name=trial,
+        seed=seed, train=TrainConfig(total_steps=total_steps, lr=1e-4, bf16=False,
+                                     checkpoint_every=0, save_optimizer=False, **(train or {})),
+        rollout=RolloutConfig(**{"group_size": 2, "batch_size": 1, "progress": False,
+                                 "episode_timeout_s": 30.0, **rollout}))
+
+
+def _handing(services: InProcessServices) -> Callable[[Any], Any]:
+    """A launcher that hands the trainer `services`."""
 
     async def launcher(actor: Any) -> InProcessServices:
         return services
 
-    result = PPOTrainer(cfg, [{"q": 1}, {"q": 2}], launcher=launcher).train(TwoTurnWorkflow())
+    return launcher
+
+
+@pytest.mark.slow
+def test_turn_advantages_train_through_the_trainer_on_a_launcher_it_was_handed(
+        tmp_path: Path, tiny_llama_dir: str) -> None:
+    cfg = _tiny_run(tmp_path, tiny_llama_dir, "t", seed=7, total_steps=2,
+                    train={"advantage_source": "turn"}, max_concurrent_rollouts=4)
+    services = InProcessServices()
+    result = PPOTrainer(cfg, [{"q": 1}, {"q": 2}],
+                        launcher=_handing(services)).train(TwoTurnWorkflow())
     assert result.steps == 2
     assert services.engine.versions == [1, 2]  # one push per step, stamped with the new version
     assert services.closed
@@ -131,20 +144,12 @@ class TimedEngine(RecordingEngine):
 @pytest.mark.slow
 def test_the_first_rollouts_sample_beside_the_eval_before_rl_and_no_update_overtakes_it(
         tmp_path: Path, tiny_llama_dir: str) -> None:
-    cfg = RelayConfig(
-        model=tiny_llama_dir, fileroot=str(tmp_path), experiment_name="ports", trial_name="e",
-        seed=3, train=TrainConfig(total_steps=1, lr=1e-4, bf16=False, checkpoint_every=0,
-                                  save_optimizer=False),
-        rollout=RolloutConfig(group_size=2, batch_size=1, max_concurrent_rollouts=8,
-                              progress=False, episode_timeout_s=30.0))
+    cfg = _tiny_run(tmp_path, tiny_llama_dir, "e", max_concurrent_rollouts=8)
     services = InProcessServices(engine=TimedEngine())
     workflow = SlowEvalWorkflow()
-
-    async def launcher(actor: Any) -> InProcessServices:
-        return services
-
     held_out = [{"q": i} for i in range(4)]
-    result = PPOTrainer(cfg, [{"q": 1}, {"q": 2}], held_out, launcher=launcher).train(workflow)
+    result = PPOTrainer(cfg, [{"q": 1}, {"q": 2}], held_out,
+                        launcher=_handing(services)).train(workflow)
     assert result.steps == 1 and result.eval_before is not None
     evals = [e for e in workflow.log if e[0] == "eval"]
     before_end = max(t for kind, edge, _, t in evals[: 2 * len(held_out)] if edge == "end")
@@ -160,21 +165,12 @@ def test_held_out_episodes_run_as_many_at_once_as_eval_max_concurrent_says(
         tmp_path: Path, tiny_llama_dir: str) -> None:
     from relayrl.train.config import EvalConfig
 
-    cfg = RelayConfig(
-        model=tiny_llama_dir, fileroot=str(tmp_path), experiment_name="ports", trial_name="c",
-        seed=3, train=TrainConfig(total_steps=1, lr=1e-4, bf16=False, checkpoint_every=0,
-                                  save_optimizer=False),
-        rollout=RolloutConfig(group_size=2, batch_size=1, max_concurrent_rollouts=2,
-                              progress=False, episode_timeout_s=30.0),
-        eval=EvalConfig(max_concurrent=5))
+    cfg = replace(_tiny_run(tmp_path, tiny_llama_dir, "c", max_concurrent_rollouts=2),
+                  eval=EvalConfig(max_concurrent=5))
     services = InProcessServices()
     workflow = SlowEvalWorkflow()
-
-    async def launcher(actor: Any) -> InProcessServices:
-        return services
-
     held_out = [{"q": i} for i in range(7)]
-    PPOTrainer(cfg, [{"q": 1}, {"q": 2}], held_out, launcher=launcher).train(workflow)
+    PPOTrainer(cfg, [{"q": 1}, {"q": 2}], held_out, launcher=_handing(services)).train(workflow)
     assert sorted(r.max_concurrent_rollouts for r in services.rollouts) == [2, 5, 5]
     running, most = 0, 0
     for _kind, edge, _, _ in sorted((e for e in workflow.log if e[0] == "eval"),
@@ -283,18 +279,10 @@ class CountingWorkflow(TwoTurnWorkflow):
 def test_no_episode_runs_for_a_batch_that_no_step_will_take(
         tmp_path: Path, tiny_llama_dir: str) -> None:
     # staleness 4 would let five groups run ahead; two steps take two batches of one group
-    cfg = RelayConfig(
-        model=tiny_llama_dir, fileroot=str(tmp_path), experiment_name="ports", trial_name="n",
-        seed=3, train=TrainConfig(total_steps=2, lr=1e-4, bf16=False, checkpoint_every=0,
-                                  save_optimizer=False),
-        rollout=RolloutConfig(group_size=2, batch_size=1, max_concurrent_rollouts=8,
-                              max_staleness=4, progress=False, episode_timeout_s=30.0))
-    services = InProcessServices()
+    cfg = _tiny_run(tmp_path, tiny_llama_dir, "n", total_steps=2, max_concurrent_rollouts=8,
+                    max_staleness=4)
     workflow = CountingWorkflow()
-
-    async def launcher(actor: Any) -> InProcessServices:
-        return services
-
-    result = PPOTrainer(cfg, [{"q": i} for i in range(8)], launcher=launcher).train(workflow)
+    result = PPOTrainer(cfg, [{"q": i} for i in range(8)],
+                        launcher=_handing(InProcessServices())).train(workflow)
     assert result.steps == 2
     assert workflow.rl_episodes == 4  # two groups of two, nothing sampled to be thrown away
