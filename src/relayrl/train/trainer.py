@@ -186,8 +186,8 @@ class PPOTrainer:
                  **{k: v.mean_reward for k, v in evals.items() if v is not None},
                  **_eval_extras(evals)}
         every = cfg.eval.every
-        if after is not None and every and actor.step % every == 0 \
-                and actor.step >= cfg.train.total_steps:
+        if (after is not None and every and actor.step % every == 0
+                and actor.step >= cfg.train.total_steps):
             final.update(_eval_metrics(after))  # the periodic eval of the last step (see loop)
         logger.log(actor.step, final)
         plot = logger.plot(cfg.log_dir / "reward_loss.png")
