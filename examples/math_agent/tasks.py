@@ -64,7 +64,7 @@ def make_task(form: Form, a: int, b: int, c: int = 0) -> dict[str, Any]:
     """One dataset item (math.jsonl's shape) for `form` over the operands."""
     expression = form.pattern.format(a=a, b=b, c=c)
     return {"messages": [{"role": "user", "content": PHRASE.format(expression=expression)}],
-            "answer": str(form.answer(a, b, c))}
+            "answer": str(form.answer(a, b, c)), "form": form.name}
 
 
 def generate_tasks(n: int, seed: int = 0, low: int = LOW, high: int = HIGH,

@@ -141,6 +141,39 @@ async def test_closing_cancels_running_episodes_and_nothing_keeps_running() -> N
     assert rc.stats().running == 0 and rc.gate.running == 0
 
 
+async def _epoch_by_batch(data: list[dict], **kw) -> list[list[int]]:
+    """The item indices (their rewards) of each batch of 3 over one epoch, one batch a version."""
+    cfg = _config(group_size=1, batch_size=3, epochs=1, max_staleness=0, **kw)
+    out: list[list[int]] = []
+    async with RolloutController(LengthWorkflow(), data, cfg) as rc:
+        async for batch in rc:
+            out.append(sorted(int(r) for r in batch.rows.rewards))
+            rc.set_version(len(out))
+    return out
+
+
+async def test_stratify_by_takes_one_item_of_each_value_in_turn() -> None:
+    forms = ["a", "a", "a", "a", "b", "b", "c", "c", "c"]  # clustered, unequal strata
+    data = [{"form": f, "reward": float(i)} for i, f in enumerate(forms)]
+    by_form = await _epoch_by_batch(data, stratify_by="form")
+    form_of = [[forms[i] for i in batch] for batch in by_form]
+    # round-robin in order of first appearance; a stratum that runs out drops out of the turn
+    assert [sorted(b) for b in form_of] == [["a", "b", "c"], ["a", "b", "c"], ["a", "a", "c"]]
+    shuffled = [await _epoch_by_batch(data, stratify_by="form", shuffle=True, seed=s)
+                for s in (1, 2, 3)]
+    for batches in shuffled:  # shuffled within each stratum, still one of each value a turn
+        assert sorted(i for b in batches for i in b) == list(range(9))
+        assert [sorted(forms[i] for i in b) for b in batches] == [sorted(b) for b in form_of]
+    assert len({str(b) for b in shuffled}) > 1  # the seed orders items within a stratum
+    plain = await _epoch_by_batch(data, stratify_by=None)
+    assert plain == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+
+
+def test_stratify_by_a_field_some_item_lacks_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="item 1 has no such field"):
+        RolloutController(LengthWorkflow(), [{"form": "a"}, {}], _config(stratify_by="form"))
+
+
 async def test_a_finite_dataset_ends_with_a_partial_batch_then_stops() -> None:
     cfg = _config(group_size=2, batch_size=2, epochs=1, max_staleness=4)
     async with RolloutController(LengthWorkflow(), [{"seqlen": 3}] * 3, cfg) as rc:

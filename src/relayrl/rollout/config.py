@@ -29,6 +29,9 @@ class RolloutConfig:
     shuffle: bool = True                 # shuffle the dataset each epoch
     seed: int | None = None              # shuffling seed (epoch e: seed + e); None: the run's seed
     epochs: int | None = None            # passes over the dataset; None cycles forever
+    # an item field (e.g. "form"): each epoch takes one item of each value in turn, in the order
+    # the values first appear in the dataset, so every run of batches covers them evenly
+    stratify_by: str | None = None
     is_eval: bool = False                # episodes see is_eval; stats and dumps go to eval-rollout
     dump_root: str | None = None         # fileroot of trajectory dumps; None writes none
     experiment: str = "default"          # dump path component (a training run uses its experiment_name)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 from collections import Counter, deque
@@ -177,7 +178,7 @@ class RolloutController:
         self._gate = StalenessGate(config.batch_size, config.max_staleness)
         self._dumper = (TrajectoryDumper(config.dump_root, config.experiment, config.trial,
                                          decode) if config.dump_root else None)
-        self._order = self._data_order()
+        self._order = self._data_order(self._strata())
         self._exhausted = False
         self._paused = False
         self._ready: deque[_Group] = deque()
@@ -255,15 +256,36 @@ class RolloutController:
 
     # ---- admission --------------------------------------------------------------------------
 
-    def _data_order(self) -> Iterator[int]:
-        """Dataset indices, epoch after epoch (shuffled per epoch if configured)."""
+    def _data_order(self, strata: list[list[int]] | None) -> Iterator[int]:
+        """Dataset indices, epoch after epoch (shuffled per epoch if configured; strata in turn)."""
         epoch = 0
         while self.config.epochs is None or epoch < self.config.epochs:
-            order = list(range(len(self.dataset)))
-            if self.config.shuffle:
-                random.Random((self.config.seed or 0) + epoch).shuffle(order)
+            rng = random.Random((self.config.seed or 0) + epoch)
+            if strata is None:
+                order = list(range(len(self.dataset)))
+                if self.config.shuffle:
+                    rng.shuffle(order)
+            else:
+                queues = [list(stratum) for stratum in strata]
+                if self.config.shuffle:
+                    for queue in queues:
+                        rng.shuffle(queue)
+                # round-robin: a short stratum runs out and the others go on
+                order = [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)]
             yield from order
             epoch += 1
+
+    def _strata(self) -> list[list[int]] | None:
+        """Dataset indices by the value of `stratify_by`, values in order of first appearance."""
+        key = self.config.stratify_by
+        if key is None:
+            return None
+        strata: dict[str, list[int]] = {}
+        for index, item in enumerate(self.dataset):
+            if key not in item:
+                raise ConfigError(f"stratify_by={key!r}: item {index} has no such field")
+            strata.setdefault(json.dumps(item[key], sort_keys=True), []).append(index)
+        return list(strata.values())
 
     def start(self) -> None:
         """Start admitting episodes (next_batch does this on first use); needs a running loop."""

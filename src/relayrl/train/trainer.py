@@ -298,7 +298,8 @@ class _Run:
             rollout = replace(rollout, seed=self.cfg.seed)
         if is_eval:
             rollout = replace(rollout, group_size=1, batch_size=len(dataset), epochs=1,
-                              shuffle=False, is_eval=True, max_staleness=0,
+                              shuffle=False, stratify_by=None, is_eval=True,
+                              max_staleness=0,
                               max_concurrent_rollouts=self.cfg.eval.max_concurrent
                               or rollout.max_concurrent_rollouts)
         return self.services.batches(workflow, kwargs, dataset, rollout,
