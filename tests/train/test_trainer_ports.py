@@ -4,6 +4,7 @@ gets keep what the trainer needs: `advantage_source: turn` trains end to end."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -262,6 +263,27 @@ async def test_an_eval_retries_aborted_items_once_and_never_scores_them_zero(tmp
     assert (result.episodes, result.aborted, result.excluded) == (3, 2, 1)
     assert result.mean_reward == pytest.approx(2 / 3)  # "broken" is left out, not a 0
     assert wf.tries == {"ok": 1, "slow-once": 2, "broken": 2, "zero": 1}
+
+
+async def test_eval_dumps_keep_each_items_first_episode_and_the_base_eval_writes_none(
+        tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from relayrl.train.trainer import _Run
+
+    cfg = RelayConfig(fileroot=str(tmp_path),
+                      rollout=RolloutConfig(progress=False, dump_root=str(tmp_path / "d")))
+    run = _Run(cfg, SimpleNamespace(version=0), InProcessServices())  # type: ignore[arg-type]
+    items = [{"name": "ok", "r": 0.25}, {"name": "slow-once", "r": 0.75}]
+    await run.evaluate(FlakyEval(), None, items, "base")
+    dumps = tmp_path / "d" / "default" / "trial0" / "eval-rollout" / "0"
+    assert not dumps.exists()  # version 0 belongs to the eval before RL
+    result = await run.evaluate(FlakyEval(), None, items, "before RL")
+    assert result is not None and result.episodes == 2
+    # the retry of "slow-once" counts its own items: its task 0 must not replace item 0's file
+    assert sorted(p.name for p in dumps.iterdir()) == ["0.jsonl"]
+    (record,) = [json.loads(line) for line in (dumps / "0.jsonl").read_text().splitlines()]
+    assert record["reward"] == 0.25
 
 
 class CountingWorkflow(TwoTurnWorkflow):

@@ -34,6 +34,7 @@ class RolloutConfig:
     stratify_by: str | None = None
     is_eval: bool = False                # episodes see is_eval; stats and dumps go to eval-rollout
     dump_root: str | None = None         # fileroot of trajectory dumps; None writes none
+    # (the trainer's base-model eval and eval retries write none: they would replace files)
     experiment: str = "default"          # dump path component (a training run uses its experiment_name)
     trial: str = "trial0"                # dump path component (a training run uses its trial_name)
     progress: bool = True                # show a tqdm progress bar on stderr

@@ -292,7 +292,8 @@ class _Run:
         return max(1, cores - int(getattr(self.services, "engine_threads", 0)))
 
     def _controller(self, workflow: Any, kwargs: dict[str, Any] | None,
-                    dataset: Sequence[dict[str, Any]], is_eval: bool) -> BatchSource:
+                    dataset: Sequence[dict[str, Any]], is_eval: bool,
+                    dump: bool = True) -> BatchSource:
         rollout = self.cfg.rollout
         if rollout.seed is None:  # the run's seed orders the data too: seeds differ in it
             rollout = replace(rollout, seed=self.cfg.seed)
@@ -302,6 +303,8 @@ class _Run:
                               max_staleness=0,
                               max_concurrent_rollouts=self.cfg.eval.max_concurrent
                               or rollout.max_concurrent_rollouts)
+        if not dump:
+            rollout = replace(rollout, dump_root=None)
         return self.services.batches(workflow, kwargs, dataset, rollout,
                                      version_fn=lambda: self.actor.version)
 
@@ -333,11 +336,16 @@ class _Run:
         started = time.perf_counter()
         batches: list[RowBatch] = []
         with self._engine_takes_update_cores():
-            scores = await self._eval_pass(workflow, kwargs, dataset, batches)
+            # the base model's eval runs at version 0 like the eval before RL, whose dumps
+            # would replace its files task by task: it writes none
+            scores = await self._eval_pass(workflow, kwargs, dataset, batches,
+                                           dump=tag != "base")
             missing = [i for i in range(len(dataset)) if i not in scores]
             if missing:
+                # no dumps: the retry's task ids count the retried items, and its files would
+                # replace the first pass's under the same ids
                 again = await self._eval_pass(workflow, kwargs, [dataset[i] for i in missing],
-                                              batches)
+                                              batches, dump=False)
                 scores.update({missing[j]: r for j, r in again.items()})
         excluded = len(dataset) - len(scores)
         values = list(scores.values())
@@ -410,11 +418,13 @@ class _Run:
             actor.threads_wanted = None
 
     async def _eval_pass(self, workflow: Any, kwargs: dict[str, Any] | None,
-                         items: Sequence[dict[str, Any]],
-                         batches: list[RowBatch]) -> dict[int, float]:
-        """Item index -> reward of its one episode (items whose episode left no rows: absent)."""
+                         items: Sequence[dict[str, Any]], batches: list[RowBatch],
+                         dump: bool) -> dict[int, float]:
+        """Item index -> reward of its one episode (items whose episode left no rows: absent);
+        `dump=False` writes no trajectory dumps even where the run's config asks for them."""
         scores: dict[int, float] = {}
-        async with self._controller(workflow, kwargs, items, is_eval=True) as controller:
+        async with self._controller(workflow, kwargs, items, is_eval=True,
+                                    dump=dump) as controller:
             with contextlib.suppress(StopAsyncIteration):
                 for _ in range(len(items) + 1):  # bounded: one batch holds the whole set
                     s = controller.stats()
