@@ -265,7 +265,7 @@ async def test_an_eval_retries_aborted_items_once_and_never_scores_them_zero(tmp
     assert wf.tries == {"ok": 1, "slow-once": 2, "broken": 2, "zero": 1}
 
 
-async def test_eval_dumps_keep_each_items_first_episode_and_the_base_eval_writes_none(
+async def test_eval_dumps_keep_each_items_first_episode_and_can_be_turned_off(
         tmp_path) -> None:
     from types import SimpleNamespace
 
@@ -275,9 +275,9 @@ async def test_eval_dumps_keep_each_items_first_episode_and_the_base_eval_writes
                       rollout=RolloutConfig(progress=False, dump_root=str(tmp_path / "d")))
     run = _Run(cfg, SimpleNamespace(version=0), InProcessServices())  # type: ignore[arg-type]
     items = [{"name": "ok", "r": 0.25}, {"name": "slow-once", "r": 0.75}]
-    await run.evaluate(FlakyEval(), None, items, "base")
+    await run.evaluate(FlakyEval(), None, items, "base", dump=False)
     dumps = tmp_path / "d" / "default" / "trial0" / "eval-rollout" / "0"
-    assert not dumps.exists()  # version 0 belongs to the eval before RL
+    assert not dumps.exists()
     result = await run.evaluate(FlakyEval(), None, items, "before RL")
     assert result is not None and result.episodes == 2
     # the retry of "slow-once" counts its own items: its task 0 must not replace item 0's file

@@ -155,7 +155,9 @@ class PPOTrainer:
         try:
             if fresh and cfg.sft.data:
                 if cfg.eval.base:
-                    base = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "base")
+                    # at version 0 like the eval before RL, whose dumps would replace its files
+                    base = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "base",
+                                              dump=False)
                 await run.warm_start(read_jsonl(cfg.sft.data))
             async with run.rollouts(workflow, workflow_kwargs, self.train_dataset) as rollouts:
                 # The first batches sample with the weights the eval scores, beside it: the
@@ -324,8 +326,11 @@ class _Run:
                                                   version=self.actor.version)
 
     async def evaluate(self, workflow: Any, kwargs: dict[str, Any] | None,
-                       dataset: Sequence[dict[str, Any]] | None, tag: str) -> EvalResult | None:
+                       dataset: Sequence[dict[str, Any]] | None, tag: str,
+                       dump: bool = True) -> EvalResult | None:
         """Mean reward of one episode per eval item, over the items that were scored.
+
+        `dump=False` writes no trajectory dumps (the config's `dump_root` aside).
 
         An episode that aborted (a timeout on a busy machine, an agent crash) says nothing about
         the policy's answer, so it is not a 0: its item is run once more, and if it aborts
@@ -336,10 +341,7 @@ class _Run:
         started = time.perf_counter()
         batches: list[RowBatch] = []
         with self._engine_takes_update_cores():
-            # the base model's eval runs at version 0 like the eval before RL, whose dumps
-            # would replace its files task by task: it writes none
-            scores = await self._eval_pass(workflow, kwargs, dataset, batches,
-                                           dump=tag != "base")
+            scores = await self._eval_pass(workflow, kwargs, dataset, batches, dump=dump)
             missing = [i for i in range(len(dataset)) if i not in scores]
             if missing:
                 # no dumps: the retry's task ids count the retried items, and its files would
