@@ -1,5 +1,6 @@
 """The compiled CPU kernels: decode attention against torch's SDPA, the whole bf16 decode step
-against the op-by-op step (both measured from an fp32 reference), how they are built and refused."""
+against the op-by-op step (both measured from an fp32 reference), the whole fp32 step (AVX2)
+against the op-by-op fp32 step, how they are built and refused."""
 
 from __future__ import annotations
 
@@ -22,17 +23,18 @@ from relayrl.engine.cpu_kernels import (
 from relayrl.engine.decoder import LeanDecoder
 
 
-def _has_avx512() -> bool:
+def _cpu_flags() -> set[str]:
     try:
-        flags = next(
+        line = next(
             line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
         )
     except (OSError, StopIteration):
-        return False
-    return " avx512f" in flags
+        return set()
+    return set(line.split(":", 1)[1].split())
 
 
-BUILDABLE = _has_avx512() and shutil.which("cc") is not None
+BUILDABLE = "avx512f" in _cpu_flags() and shutil.which("cc") is not None
+F32_STEP_BUILDABLE = {"avx2", "fma"} <= _cpu_flags() and shutil.which("cc") is not None
 
 
 @pytest.fixture
@@ -269,9 +271,10 @@ def test_models_the_step_kernel_does_not_take_decode_op_by_op(step_kernel: Decod
     odd = LeanDecoder(_llama(seed=1, hidden_size=72, head_dim=24, num_attention_heads=3,
                              num_key_value_heads=1).to(torch.bfloat16),
                       packed=False, attention=attention, step_kernel=step_kernel)
-    no_attention = LeanDecoder(_llama(seed=1).to(torch.bfloat16), packed=False,
-                               step_kernel=step_kernel)
-    assert [d.step_kernel for d in (fp32, biased, odd, no_attention)] == [None] * 4
+    assert [d.step_kernel for d in (fp32, biased, odd)] == [None] * 3
+    # The step attends by itself: it needs no attention kernel beside it.
+    alone = LeanDecoder(_llama(seed=1).to(torch.bfloat16), packed=False, step_kernel=step_kernel)
+    assert alone.step_kernel is step_kernel
 
 
 def test_the_step_kernel_refuses_bad_arguments(step_kernel: DecodeStep) -> None:
@@ -289,4 +292,113 @@ def test_the_step_kernel_refuses_bad_arguments(step_kernel: DecodeStep) -> None:
     with pytest.raises(ValueError, match="token ids"):
         fused.step(torch.tensor([1, 512]), torch.tensor([0, 0]), caches, 1, None, [0, 0])
     with pytest.raises(ValueError, match="cannot pack"):
-        DecodeStep.pack(torch.zeros(24, 8, dtype=torch.bfloat16))
+        step_kernel.pack(torch.zeros(24, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="cannot pack"):
+        step_kernel.pack(torch.zeros(32, 8))  # fp32 is the other kernel's
+
+
+# -- the whole-step fp32 kernel (AVX2 + FMA) ---------------------------------------------------
+
+
+def test_the_fp32_step_kernel_builds_where_the_machine_can_build_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RELAYRL_HOME", str(tmp_path))
+    monkeypatch.setattr(cpu_kernels, "_loaded", {})
+    built = decode_step_kernel(torch.float32)
+    assert (built is not None) == F32_STEP_BUILDABLE
+    if built is not None:
+        assert built.dtype == torch.float32
+        assert len(list((tmp_path / "kernels").glob("decode_step_f32-*.so"))) == 1
+        assert decode_step_kernel(torch.float32) is built
+    assert decode_step_kernel(torch.float16) is None  # no kernel for other dtypes
+
+
+@pytest.fixture
+def f32_step_kernel() -> DecodeStep:
+    built = decode_step_kernel(torch.float32)
+    if built is None:
+        pytest.skip("no C compiler, OpenMP or AVX2 + FMA here: fp32 decoding runs op by op")
+    return built
+
+
+def _decode_masked(lean: LeanDecoder, ids: torch.Tensor, starts: list[int],
+                   steps: int) -> list[torch.Tensor]:
+    """fp32 logits of teacher-forced steps, each row attending to its own prefix (the mask the
+    engine gives; the fp32 op-by-op step without an attention kernel applies it through SDPA)."""
+    batch = ids.shape[0]
+    caches = [torch.zeros(batch + 2, 2 * lean.kv_heads, 64, lean.head_dim) for _ in lean.layers]
+    out = []
+    with torch.no_grad():
+        for t in range(steps):
+            cols = [s + t for s in starts]
+            cols_B = torch.tensor(cols)
+            visible = max(cols) + 1
+            mask_B_V = torch.arange(visible)[None, :] <= cols_B[:, None]
+            out.append(lean.step(ids[:, t], cols_B, caches, visible, mask_B_V, cols).clone())
+    return out
+
+
+@pytest.mark.parametrize("batch", [1, 4, 5, 13])
+@pytest.mark.parametrize("odd_sizes", [False, True])
+def test_the_fp32_step_kernel_equals_the_op_by_op_fp32_step(
+    f32_step_kernel: DecodeStep, batch: int, odd_sizes: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Batches that fill the kernel's row groups (4) and leave tails; with odd sizes every
+    # product also ends in single blocks of 8 outputs (hidden 104, 2 x intermediate 400, the
+    # q/k/v product 128 wide: none a multiple of the 24-output groups).
+    sizes = (dict(hidden_size=104, intermediate_size=200, head_dim=16) if odd_sizes else {})
+    model = _llama(seed=batch, **sizes)
+    ops = LeanDecoder(model, packed=False)
+    fused = LeanDecoder(model, packed=False, step_kernel=f32_step_kernel)
+    assert fused.step_kernel is f32_step_kernel and ops.step_kernel is None
+    ids = torch.randint(0, 512, (batch, 12), generator=torch.Generator().manual_seed(batch))
+    starts = [3 * b for b in range(batch)]
+    reference = _decode_masked(ops, ids, starts, 12)
+
+    def op_by_op(*args: object) -> None:
+        raise AssertionError("the fused step ran an op-by-op norm")
+
+    monkeypatch.setattr(LeanDecoder, "_rms_norm", op_by_op)
+    ours = _decode_masked(fused, ids, starts, 12)
+    for r, o in zip(reference, ours, strict=True):
+        assert o.dtype == torch.float32
+        # Only the order of fp32 sums differs (measured: ~2e-6 of the logits' range).
+        assert (o - r).abs().max() <= 1e-4 * max(1.0, float(r.abs().max()))
+
+
+def test_the_fp32_step_kernel_follows_in_place_weight_changes(
+    f32_step_kernel: DecodeStep,
+) -> None:
+    model = _llama(seed=7)
+    fused = LeanDecoder(model, packed=False, step_kernel=f32_step_kernel)
+    ids = torch.randint(0, 512, (3, 4), generator=torch.Generator().manual_seed(0))
+    before = _decode_masked(fused, ids, [0, 1, 2], 4)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.mul_(-1.0)
+        model.model.layers[0].input_layernorm.weight.mul_(0.5)
+    after = _decode_masked(fused, ids, [0, 1, 2], 4)
+    reference = _decode_masked(LeanDecoder(model, packed=False), ids, [0, 1, 2], 4)
+    assert not torch.equal(before[-1], after[-1])
+    for a, r in zip(after, reference, strict=True):
+        assert (a - r).abs().max() <= 1e-4 * float(r.abs().max())
+
+
+def test_the_fp32_step_kernel_refuses_bad_arguments(f32_step_kernel: DecodeStep) -> None:
+    model = _llama(seed=2)
+    fused = LeanDecoder(model, packed=False, step_kernel=f32_step_kernel)
+    # A bf16 model is not the fp32 kernel's (nor is a biased one).
+    assert LeanDecoder(_llama(seed=2).to(torch.bfloat16), packed=False,
+                       step_kernel=f32_step_kernel).step_kernel is None
+    assert LeanDecoder(_llama(seed=2, attention_bias=True), packed=False,
+                       step_kernel=f32_step_kernel).step_kernel is None
+    caches = [torch.zeros(2, 4, 16, 32) for _ in fused.layers]
+    ids = torch.tensor([1, 2])
+    with pytest.raises(ValueError, match="exceed"):
+        fused.step(ids, torch.tensor([3, 16]), caches, 17, None, [3, 16])
+    with pytest.raises(ValueError, match="fp32"):
+        fused.step(ids, torch.tensor([0, 0]), [c.bfloat16() for c in caches], 1, None, [0, 0])
+    with pytest.raises(ValueError, match="token ids"):
+        fused.step(torch.tensor([-1, 2]), torch.tensor([0, 0]), caches, 1, None, [0, 0])
+    with pytest.raises(ValueError, match="cannot pack"):
+        f32_step_kernel.pack(torch.zeros(12, 8))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from relayrl.engine.cpu_kernels import decode_attention_kernel
+from relayrl.engine.cpu_kernels import decode_attention_kernel, decode_step_kernel
 from relayrl.engine.decoder import LeanDecoder
 from relayrl.engine.local import LocalEngine
 from relayrl.types import GenerateOutput, GenerateRequest, SamplingParams
@@ -38,24 +38,31 @@ async def run(engine: LocalEngine, lengths: list[int]) -> list[GenerateOutput]:
 
 
 @pytest.mark.parametrize(
-    ("dtype", "kernel"), [("float32", False), ("float32", True), ("bfloat16", False)]
+    ("dtype", "kernel", "fused"),
+    [("float32", False, False), ("float32", True, False), ("float32", True, True),
+     ("bfloat16", False, False)],
 )
 async def test_lean_decode_gives_the_model_forwards_tokens_and_logprobs(
-    model_dir: str, dtype: str, kernel: bool
+    model_dir: str, dtype: str, kernel: bool, fused: bool
 ) -> None:
     # The prefill stays the model's, so with torch's attention the bf16 decode steps are compared
-    # bit for bit too. The decode-attention kernel sums in another order: in fp32 it must give
-    # the same tokens and logprobs to 1e-4; its bf16 rounding is checked in test_cpu_kernels.
-    if kernel and decode_attention_kernel() is None:
+    # bit for bit too. The decode-attention kernel and the fp32 whole-step kernel sum in another
+    # order: in fp32 they must give the same tokens and logprobs to 1e-4; the bf16 kernels'
+    # rounding is checked in test_cpu_kernels.
+    if kernel and not fused and decode_attention_kernel() is None:
         pytest.skip("no decode-attention kernel on this machine (no C compiler or no AVX-512)")
+    if fused and decode_step_kernel(torch.float32) is None:
+        pytest.skip("no fp32 step kernel on this machine (no C compiler, OpenMP or AVX2 + FMA)")
     lean = LocalEngine(
         model_dir, dtype=dtype, max_context=256, num_threads=1, lean_prefill=False,
-        decode_kernel=kernel,
+        decode_kernel=kernel, fused_step=fused,
     )
     plain = LocalEngine(model_dir, dtype=dtype, max_context=256, num_threads=1, lean_decode=False)
     try:
         assert lean.lean is not None and plain.lean is None
-        assert (lean.lean.attention is not None) == kernel
+        assert (lean.lean.step_kernel is not None) == fused
+        if not fused:
+            assert (lean.lean.attention is not None) == kernel
         lengths = [20, 7, 13]
         a, b = await run(lean, lengths), await run(plain, lengths)
         # In-place new weights reach the fused products (and the old ones come back).
@@ -115,8 +122,6 @@ def test_the_bf16_step_kernel_on_the_default_model_is_as_close_to_fp32_as_op_by_
 ) -> None:
     """The compiled whole-step kernel (bf16, the engine's default here) against fp32."""
     from transformers import AutoModelForCausalLM
-
-    from relayrl.engine.cpu_kernels import decode_step_kernel
 
     kernel, attention = decode_step_kernel(), decode_attention_kernel()
     if kernel is None or attention is None:

@@ -9,10 +9,13 @@
   dispatch cost more than their arithmetic (one row: 28 ms a step, of which the products ~12);
   this step runs the products on weights packed for AVX512-BF16 and does the rest in between,
   in C. The products split their outputs over OpenMP threads (torch's own runtime).
+  `decode_step_kernel(torch.float32)` (`csrc/decode_step_f32.c`) is the same step in fp32 for
+  AVX2 + FMA, attention included: on CPUs without bf16 units the engine runs models in fp32.
 
 We build them the way torch's inductor builds its CPU code: the machine's C compiler with
 `-march=native`, once per source and CPU, cached under `$RELAYRL_HOME/kernels/`. Where there is
-no compiler, no AVX-512 (AVX512-BF16 for the step), or the build fails, the functions return None
+no compiler, no AVX-512 (AVX512-BF16 for the bf16 step, AVX2 + FMA for the fp32 one), or the
+build fails, the functions return None
 and callers keep torch's ops, so nothing depends on a kernel being there.
 
 ctypes drops the GIL for the call, so the engine thread's kernel time is free for the gateway.
@@ -113,7 +116,7 @@ class _LayerWeights(ctypes.Structure):
 
 @dataclass
 class StepLayer:
-    """One decoder layer's tensors for `DecodeStep`: bf16 norms and packed products."""
+    """One decoder layer's tensors for `DecodeStep`: norms and packed products, in its dtype."""
 
     norm_in: torch.Tensor
     norm_post: torch.Tensor
@@ -124,32 +127,46 @@ class StepLayer:
 
 
 class DecodeStep:
-    """A whole bf16 decode step of a Llama-family model in one call (see csrc/decode_step.c)."""
+    """A whole decode step of a Llama-family model in one call, in bf16 (csrc/decode_step.c,
+    AVX512-BF16) or fp32 (csrc/decode_step_f32.c, AVX2 + FMA)."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
-        fn = library.relayrl_decode_step_bf16
+    def __init__(self, library: ctypes.CDLL, dtype: torch.dtype = torch.bfloat16) -> None:
+        if dtype not in _STEP_NAMES:
+            raise ValueError(f"no decode step kernel for {dtype}")
+        fn = getattr(library, _STEP_NAMES[dtype])
         fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2
                        + [ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64]
                        + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_float] * 2
                        + [ctypes.c_int64] * 2 + [ctypes.c_int])
         fn.restype = ctypes.c_int
         self._fn = fn
+        self.dtype = dtype
+        """The dtype of the models, caches and logits this kernel takes."""
+        self.name = "bf16" if dtype == torch.bfloat16 else "fp32"
+        # bf16 blocks are 16 outputs x 2 inputs (one vdpbf16ps); fp32 blocks 8 outputs x 1.
+        self._block, self._pair = (16, 2) if dtype == torch.bfloat16 else (8, 1)
 
-    @staticmethod
-    def pack(weight: torch.Tensor) -> torch.Tensor:
-        """An [N, K] bf16 weight laid out as the kernel reads it: [N/16, K/2, 16, 2]."""
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """An [N, K] weight laid out as the kernel reads it: [N/16, K/2, 16, 2] in bf16,
+        [N/8, K, 8] in fp32."""
         n, k = weight.shape
-        if weight.dtype != torch.bfloat16 or n % 16 or k % 2:
-            raise ValueError(f"cannot pack a {weight.dtype} weight of shape {[n, k]}")
-        return weight.detach().reshape(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+        block, pair = self._block, self._pair
+        if weight.dtype != self.dtype or n % block or k % pair:
+            raise ValueError(f"cannot pack a {weight.dtype} weight of shape {[n, k]} "
+                             f"for the {self.name} step")
+        packed = weight.detach().reshape(n // block, block, k // pair, pair).permute(0, 2, 1, 3)
+        return packed.contiguous()
 
-    @staticmethod
-    def supports(hidden: int, heads: int, kv_heads: int, head_dim: int,
+    def supports(self, hidden: int, heads: int, kv_heads: int, head_dim: int,
                  intermediate: int, vocab: int) -> bool:
-        """Whether the kernel takes a model of these sizes (bf16)."""
+        """Whether the kernel takes a model of these sizes."""
+        if self.dtype == torch.bfloat16:
+            return (heads % kv_heads == 0 and heads // kv_heads <= 16 and head_dim <= 256
+                    and head_dim % 32 == 0 and hidden % 32 == 0 and intermediate % 32 == 0
+                    and vocab % 16 == 0)
         return (heads % kv_heads == 0 and heads // kv_heads <= 16 and head_dim <= 256
-                and head_dim % 32 == 0 and hidden % 32 == 0 and intermediate % 32 == 0
-                and vocab % 16 == 0)
+                and head_dim % 16 == 0 and hidden % 8 == 0 and intermediate % 8 == 0
+                and vocab % 8 == 0)
 
     def layers(self, layers: list[StepLayer]) -> ctypes.Array[_LayerWeights]:
         """The per-layer pointer table `__call__` takes (caches filled in per call)."""
@@ -157,8 +174,8 @@ class DecodeStep:
         for slot, layer in zip(table, layers, strict=True):
             for name in ("norm_in", "norm_post", "qkv", "o", "gate_up", "down"):
                 tensor = getattr(layer, name)
-                if tensor.dtype != torch.bfloat16 or not tensor.is_contiguous():
-                    raise ValueError(f"{name} must be a contiguous bf16 tensor")
+                if tensor.dtype != self.dtype or not tensor.is_contiguous():
+                    raise ValueError(f"{name} must be a contiguous {self.name} tensor")
                 setattr(slot, name, tensor.data_ptr())
         return table
 
@@ -167,7 +184,8 @@ class DecodeStep:
                  final_norm: torch.Tensor, head: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor, heads: int, kv_heads: int, intermediate: int,
                  eps: float, scale: float, threads: int) -> torch.Tensor:
-        """bf16 logits [B, vocab]; row b's new key/value go to column cols_B[b] of cache row b.
+        """Logits [B, vocab] in the kernel's dtype; row b's new key/value go to column
+        cols_B[b] of cache row b.
 
         `caches[i]`: layer i's [rows, 2 * kv_heads, columns, head_dim] (keys, then values),
         every layer with the same strides; `head` is packed; `cos`/`sin` are [positions, dim].
@@ -176,9 +194,13 @@ class DecodeStep:
         vocab, hidden = embed.shape
         dim = caches[0].shape[-1]
         first = caches[0]
-        if (first.dtype != torch.bfloat16 or first.stride(-1) != 1 or first.stride(-2) != dim
+        if (first.dtype != self.dtype or first.stride(-1) != 1 or first.stride(-2) != dim
                 or any(c.stride() != first.stride() for c in caches)):
-            raise ValueError("caches must be bf16 with each column's head_dim together")
+            raise ValueError(f"caches must be {self.name} with each column's head_dim together")
+        for name, tensor in (("embed", embed), ("final_norm", final_norm), ("head", head),
+                             ("cos", cos), ("sin", sin)):
+            if tensor.dtype != self.dtype or not tensor.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous {self.name} tensor")
         # Out of range, these would read or write past a buffer: checked here, not in C.
         if (batch > first.shape[0] or int(cols_B.min()) < 0
                 or int(cols_B.max()) >= min(first.shape[2], cos.shape[0])):
@@ -189,7 +211,7 @@ class DecodeStep:
             slot.cache = cache.data_ptr()
         ids_B = ids_B.to(torch.int64).contiguous()
         cols_B = cols_B.to(torch.int64).contiguous()
-        logits = torch.empty(batch, head.numel() // hidden, dtype=torch.bfloat16)
+        logits = torch.empty(batch, head.numel() // hidden, dtype=self.dtype)
         code = self._fn(
             ctypes.addressof(table), len(table), ids_B.data_ptr(), cols_B.data_ptr(), batch,
             embed.data_ptr(), final_norm.data_ptr(), head.data_ptr(), logits.shape[1],
@@ -199,6 +221,10 @@ class DecodeStep:
         if code != 0:
             raise RuntimeError(f"decode step kernel refused these shapes (code {code})")
         return logits
+
+
+_STEP_NAMES = {torch.bfloat16: "relayrl_decode_step_bf16", torch.float32: "relayrl_decode_step_f32"}
+_STEP_SOURCES = {torch.bfloat16: "decode_step", torch.float32: "decode_step_f32"}
 
 
 def _cpu_signature() -> str:
@@ -230,7 +256,7 @@ def _build(source: Path, target: Path, compiler: str, flags: tuple[str, ...]) ->
 
 def _load(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The library built from `csrc/{name}.c` for this CPU (cached), or None where it cannot be
-    built or its AVX-512 path is not compiled in (`relayrl_{name}_ready()` says)."""
+    built or its vector path is not compiled in (`relayrl_{name}_ready()` says)."""
     if os.environ.get("RELAYRL_NO_CPU_KERNELS"):
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -255,7 +281,7 @@ def _load(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
                     name, exc, detail.decode(errors="replace")[-500:])
         return None
     if not getattr(library, f"relayrl_{name}_ready")():
-        log.info("no AVX-512 (or AVX512-BF16) on this CPU: %s keeps torch's ops", name)
+        log.info("this CPU lacks the instructions %s is written for: torch's ops are used", name)
         return None
     return library
 
@@ -269,10 +295,15 @@ def decode_attention_kernel() -> DecodeAttention | None:
         return _loaded["decode_attention"]  # type: ignore[return-value]
 
 
-def decode_step_kernel() -> DecodeStep | None:
-    """The compiled whole-step bf16 decode kernel, or None where it cannot be built here."""
+def decode_step_kernel(dtype: torch.dtype = torch.bfloat16) -> DecodeStep | None:
+    """The compiled whole-step decode kernel for `dtype` (bf16 or fp32), or None where it
+    cannot be built here (no compiler or OpenMP; no AVX512-BF16 for bf16, no AVX2 + FMA for
+    fp32) or there is none for that dtype."""
+    source = _STEP_SOURCES.get(dtype)
+    if source is None:
+        return None
     with _lock:
-        if "decode_step" not in _loaded:
-            library = _load("decode_step", ("-fopenmp",))
-            _loaded["decode_step"] = DecodeStep(library) if library else None
-        return _loaded["decode_step"]  # type: ignore[return-value]
+        if source not in _loaded:
+            library = _load(source, ("-fopenmp",))
+            _loaded[source] = DecodeStep(library, dtype) if library else None
+        return _loaded[source]  # type: ignore[return-value]

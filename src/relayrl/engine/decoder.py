@@ -22,7 +22,10 @@ AVX512-BF16) and the model is bf16 without biases, `step` is one call into it in
 operations in the same order with the same bf16 roundings, its products on weights kept in the
 kernel's packed layout (`DecodeStep.pack`, remade with the fused copies). Its sums run in another
 order, so its logits are not bit-equal to the op-by-op step's; they are as close to an fp32 step
-(tested). One row: 28 -> 14 ms a step, 8 rows: 37 -> 20 ms (benchmarks/RESULTS.md).
+(tested). One row: 28 -> 14 ms a step, 8 rows: 37 -> 20 ms (benchmarks/RESULTS.md). An fp32
+model (what `dtype="auto"` loads on CPUs without bf16 units) takes the fp32 kernel for AVX2 + FMA
+(`decode_step_kernel(torch.float32)`) the same way; its logits differ from the op-by-op fp32
+step's only by the order of fp32 sums.
 
 `prefill` runs prompts through the same products: their new tokens one after another with no
 padding (a batch of prompts of unequal length wastes no product work), attention padded per row
@@ -60,8 +63,8 @@ class _Product:
     packed: bool
     weight: Any = None
     bias: torch.Tensor | None = None
-    for_kernel: bool = False
-    """Also keep the weight in `DecodeStep`'s layout (`kernel_weight`)."""
+    for_kernel: DecodeStep | None = None
+    """Also keep the weight in this kernel's layout (`kernel_weight`)."""
     kernel_weight: torch.Tensor | None = None
 
     def rebuild(self) -> None:
@@ -76,8 +79,8 @@ class _Product:
             self.bias = torch.cat(parts)
         else:
             self.bias = None
-        if self.for_kernel:
-            self.kernel_weight = DecodeStep.pack(weight)
+        if self.for_kernel is not None:
+            self.kernel_weight = self.for_kernel.pack(weight)
         if self.packed:
             weight = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_HINT)
         self.weight = weight
@@ -155,21 +158,22 @@ class LeanDecoder:
         self.attention = attention if supported else None
         """The CPU decode-attention kernel `step` uses, or None: torch's SDPA."""
         hidden = int(self.embed.shape[1])
+        # The kernel attends to each row's columns 0..cols[b], the only mask `step` is given.
         fits = (
             step_kernel is not None
-            and self.attention is not None
-            and self.dtype == torch.bfloat16
+            and self.dtype == step_kernel.dtype
             and self.embed.device.type == "cpu"
             and all(b is None for p in self._products for b in p.biases)
             and step_kernel.supports(hidden, self.heads, self.kv_heads, self.head_dim,
                                      self.intermediate, int(self.embed.shape[0]))
         )
         self.step_kernel = step_kernel if fits else None
-        """The compiled whole-step kernel `step` runs (bf16, no biases), or None: op by op."""
+        """The compiled whole-step kernel `step` runs (the model's dtype, no biases), or None:
+        op by op."""
         self._table: Any = None
         if self.step_kernel is not None:
             for product in self._products:
-                product.for_kernel = True
+                product.for_kernel = self.step_kernel
 
     @classmethod
     def build(

@@ -409,8 +409,9 @@ class LocalEngine:
             model's forward, padded; kept for comparison).
         decode_kernel: on CPU, attend at decode with relayrl's compiled kernel
             (`relayrl.engine.cpu_kernels`) instead of torch's SDPA, where it builds here.
-        fused_step: with `decode_kernel`, run each bf16 decode step of a bias-free model as one
-            compiled call (`csrc/decode_step.c`) where it builds (False: op by op in torch).
+        fused_step: with `decode_kernel`, run each decode step of a bias-free model as one
+            compiled call where it builds (`csrc/decode_step.c` for bf16 on AVX512-BF16,
+            `csrc/decode_step_f32.c` for fp32 on AVX2 + FMA; False: op by op in torch).
         prefix_cache_mb: memory for the KV of finished sequences, reused by later prompts that
             start with the same tokens (`relayrl.engine.prefix_cache`); 0 turns reuse off.
     """
@@ -447,7 +448,7 @@ class LocalEngine:
         self.packed_linears = _pack_linears(self.model)
         use_kernel = lean_decode and decode_kernel and self.device.type == "cpu"
         kernel = decode_attention_kernel() if use_kernel else None
-        step_kernel = decode_step_kernel() if use_kernel and fused_step else None
+        step_kernel = decode_step_kernel(self.dtype) if use_kernel and fused_step else None
         # None for architectures it does not reproduce: those decode through the model's forward.
         self.lean = (
             LeanDecoder.build(self.model, packed=self.packed_linears > 0, attention=kernel,
