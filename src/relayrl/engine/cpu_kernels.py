@@ -15,8 +15,8 @@
 We build them the way torch's inductor builds its CPU code: the machine's C compiler with
 `-march=native`, once per source and CPU, cached under `$RELAYRL_HOME/kernels/`. Where there is
 no compiler, no AVX-512 (AVX512-BF16 for the bf16 step, AVX2 + FMA for the fp32 one), or the
-build fails, the functions return None
-and callers keep torch's ops, so nothing depends on a kernel being there.
+build fails, the functions return None and callers keep torch's ops, so nothing depends on a
+kernel being there.
 
 ctypes drops the GIL for the call, so the engine thread's kernel time is free for the gateway.
 """
