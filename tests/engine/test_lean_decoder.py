@@ -63,6 +63,8 @@ async def test_lean_decode_gives_the_model_forwards_tokens_and_logprobs(
         assert (lean.lean.step_kernel is not None) == fused
         if not fused:
             assert (lean.lean.attention is not None) == kernel
+        assert ("compiled" in lean.decode_path) == kernel  # what the engine logs at start
+        assert plain.decode_path == "through the model's forward"
         lengths = [20, 7, 13]
         a, b = await run(lean, lengths), await run(plain, lengths)
         # In-place new weights reach the fused products (and the old ones come back).

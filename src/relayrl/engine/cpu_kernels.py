@@ -281,7 +281,8 @@ def _load(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
                     name, exc, detail.decode(errors="replace")[-500:])
         return None
     if not getattr(library, f"relayrl_{name}_ready")():
-        log.info("this CPU lacks the instructions %s is written for: torch's ops are used", name)
+        # Expected on many CPUs; LocalEngine logs the decode path it ends up with.
+        log.debug("this CPU lacks the instructions %s is written for", name)
         return None
     return library
 

@@ -66,6 +66,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import logging
 import os
 import secrets
 import threading
@@ -96,6 +97,8 @@ from relayrl.types import (
     TokenChunk,
     TopLogprob,
 )
+
+log = logging.getLogger(__name__)
 
 _MIN_COLUMNS = 256
 """Smallest KV-cache width allocated; it doubles as sequences grow."""
@@ -457,6 +460,10 @@ class LocalEngine:
             else None
         )
         self.lean_prefill = lean_prefill and self.lean is not None
+        self.decode_path = _decode_path(self.lean)
+        """How a decode step runs here, in words (logged once: kernels build only where they can)."""
+        log.info("LocalEngine: %s on %s, decode %s", str(self.dtype).removeprefix("torch."),
+                 self.device, self.decode_path)
         config = self.model.config
         self._vocab_size = int(config.vocab_size)
         self._context_length = _context_length(config, max_context)
@@ -1115,6 +1122,16 @@ def usable_cores() -> int:
 def default_num_threads() -> int:
     """Torch threads for the engine: the cores this process may use, less one, and at most torch's."""
     return max(1, min(torch.get_num_threads(), usable_cores() - 1))
+
+
+def _decode_path(lean: LeanDecoder | None) -> str:
+    """The decode path `lean` takes, in words."""
+    if lean is None:
+        return "through the model's forward"
+    if lean.step_kernel is not None:
+        return f"as one compiled {lean.step_kernel.name} step per token"
+    attention = "the compiled attention kernel" if lean.attention is not None else "torch's SDPA"
+    return f"op by op in torch with {attention}"
 
 
 def _pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
