@@ -131,9 +131,10 @@ class DecodeStep:
     AVX512-BF16) or fp32 (csrc/decode_step_f32.c, AVX2 + FMA)."""
 
     def __init__(self, library: ctypes.CDLL, dtype: torch.dtype = torch.bfloat16) -> None:
-        if dtype not in _STEP_NAMES:
+        if dtype not in _STEP_KINDS:
             raise ValueError(f"no decode step kernel for {dtype}")
-        fn = getattr(library, _STEP_NAMES[dtype])
+        self._kind = _STEP_KINDS[dtype]
+        fn = getattr(library, self._kind.symbol)
         fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2
                        + [ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64]
                        + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_float] * 2
@@ -142,15 +143,13 @@ class DecodeStep:
         self._fn = fn
         self.dtype = dtype
         """The dtype of the models, caches and logits this kernel takes."""
-        self.name = "bf16" if dtype == torch.bfloat16 else "fp32"
-        # bf16 blocks are 16 outputs x 2 inputs (one vdpbf16ps); fp32 blocks 8 outputs x 1.
-        self._block, self._pair = (16, 2) if dtype == torch.bfloat16 else (8, 1)
+        self.name = self._kind.name
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """An [N, K] weight laid out as the kernel reads it: [N/16, K/2, 16, 2] in bf16,
         [N/8, K, 8] in fp32."""
         n, k = weight.shape
-        block, pair = self._block, self._pair
+        block, pair = self._kind.block, self._kind.pair
         if weight.dtype != self.dtype or n % block or k % pair:
             raise ValueError(f"cannot pack a {weight.dtype} weight of shape {[n, k]} "
                              f"for the {self.name} step")
@@ -223,8 +222,20 @@ class DecodeStep:
         return logits
 
 
-_STEP_NAMES = {torch.bfloat16: "relayrl_decode_step_bf16", torch.float32: "relayrl_decode_step_f32"}
-_STEP_SOURCES = {torch.bfloat16: "decode_step", torch.float32: "decode_step_f32"}
+@dataclass(frozen=True)
+class _StepKind:
+    source: str  # csrc/{source}.c
+    symbol: str
+    name: str
+    block: int  # outputs per packed block
+    pair: int  # inputs per packed element group
+
+
+# bf16 blocks are 16 outputs x 2 inputs (one vdpbf16ps); fp32 blocks 8 outputs x 1 (one AVX2 FMA).
+_STEP_KINDS = {
+    torch.bfloat16: _StepKind("decode_step", "relayrl_decode_step_bf16", "bf16", 16, 2),
+    torch.float32: _StepKind("decode_step_f32", "relayrl_decode_step_f32", "fp32", 8, 1),
+}
 
 
 def _cpu_signature() -> str:
@@ -300,9 +311,10 @@ def decode_step_kernel(dtype: torch.dtype = torch.bfloat16) -> DecodeStep | None
     """The compiled whole-step decode kernel for `dtype` (bf16 or fp32), or None where it
     cannot be built here (no compiler or OpenMP; no AVX512-BF16 for bf16, no AVX2 + FMA for
     fp32) or there is none for that dtype."""
-    source = _STEP_SOURCES.get(dtype)
-    if source is None:
+    kind = _STEP_KINDS.get(dtype)
+    if kind is None:
         return None
+    source = kind.source
     with _lock:
         if source not in _loaded:
             library = _load(source, ("-fopenmp",))
