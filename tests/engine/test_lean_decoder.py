@@ -16,6 +16,9 @@ from relayrl.types import GenerateOutput, GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.slow
 
+BF16_LOGPROB_BOUND = 0.25
+"""bf16 lean step vs the model's forward (as tests/engine/test_local_engine.py bounds a bf16
+engine against a fresh bf16 forward)."""
 PROMPTS = ["Hi", "Explain in one sentence why the sky is blue.", "List two colours, then stop."]
 
 
@@ -45,19 +48,23 @@ async def run(engine: LocalEngine, lengths: list[int]) -> list[GenerateOutput]:
 async def test_lean_decode_gives_the_model_forwards_tokens_and_logprobs(
     model_dir: str, dtype: str, kernel: bool, fused: bool
 ) -> None:
-    # The prefill stays the model's, so with torch's attention the bf16 decode steps are compared
-    # bit for bit too. The decode-attention kernel and the fp32 whole-step kernel sum in another
-    # order: in fp32 they must give the same tokens and logprobs to 1e-4; the bf16 kernels'
-    # rounding is checked in test_cpu_kernels.
+    # The prefill stays the model's. In fp32 every decode path (torch's attention, the
+    # decode-attention kernel, the whole-step kernel) must give the model's tokens, and its
+    # logprobs to 1e-4. In bf16 the lean step and the model's forward call torch's kernels with
+    # other shapes, which some CPUs round differently (bit-equal on an AVX512-BF16 EPYC with
+    # torch 2.13, up to 0.16 nats apart on an AMX Xeon with torch 2.11): the tokens must agree
+    # until the first one drawn differently, with logprobs within the bf16 bound up to there.
+    # The bf16 kernels' rounding is checked in test_cpu_kernels.
     if kernel and not fused and decode_attention_kernel() is None:
         pytest.skip("no decode-attention kernel on this machine (no C compiler or no AVX-512)")
     if fused and decode_step_kernel(torch.float32) is None:
         pytest.skip("no fp32 step kernel on this machine (no C compiler, OpenMP or AVX2 + FMA)")
     lean = LocalEngine(
-        model_dir, dtype=dtype, max_context=256, num_threads=1, lean_prefill=False,
-        decode_kernel=kernel, fused_step=fused,
+        model_dir, device="cpu", dtype=dtype, max_context=256, num_threads=1,
+        lean_prefill=False, decode_kernel=kernel, fused_step=fused,
     )
-    plain = LocalEngine(model_dir, dtype=dtype, max_context=256, num_threads=1, lean_decode=False)
+    plain = LocalEngine(model_dir, device="cpu", dtype=dtype, max_context=256, num_threads=1,
+                        lean_decode=False)
     try:
         assert lean.lean is not None and plain.lean is None
         assert (lean.lean.step_kernel is not None) == fused
@@ -78,19 +85,29 @@ async def test_lean_decode_gives_the_model_forwards_tokens_and_logprobs(
         a3 = await run(lean, lengths)
     finally:
         await asyncio.gather(lean.aclose(), plain.aclose())
-    assert [o.output_ids for o in a] == [o.output_ids for o in b]
-    assert [o.output_ids for o in a2] == [o.output_ids for o in b2]
-    assert [o.output_ids for o in a3] == [o.output_ids for o in a]
-    for x, y in zip([*a, *a2], [*b, *b2], strict=True):
-        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) <= 1e-4
+    assert [o.output_ids for o in a3] == [o.output_ids for o in a]  # same engine, same path
     assert any(x.logprobs != y.logprobs for x, y in zip(a2, a, strict=True))
+    if dtype == "float32":
+        assert [o.output_ids for o in a] == [o.output_ids for o in b]
+        assert [o.output_ids for o in a2] == [o.output_ids for o in b2]
+    bound = 1e-4 if dtype == "float32" else BF16_LOGPROB_BOUND
+    agreed = 0
+    for x, y in zip([*a, *a2], [*b, *b2], strict=True):
+        pairs = list(zip(x.output_ids, y.output_ids, strict=False))  # may end apart once apart
+        same = next((i for i, (p, q) in enumerate(pairs) if p != q), len(pairs))
+        assert same >= 1  # the first token comes from the same (the model's) prefill
+        head = zip(x.logprobs[:same], y.logprobs[:same], strict=True)
+        assert max(abs(p - q) for p, q in head) <= bound
+        agreed += same
+    # A broken step would part from the model's at its first token in most rows.
+    assert agreed >= sum(len(o.output_ids) for o in [*a, *a2]) / 2
 
 
 async def test_lean_prefill_gives_the_model_forwards_tokens_and_logprobs(model_dir: str) -> None:
     """fp32: the unpadded prefill equals the model's padded one, fresh and after reused columns."""
-    lean = LocalEngine(model_dir, dtype="float32", max_context=512, num_threads=1)
-    plain = LocalEngine(model_dir, dtype="float32", max_context=512, num_threads=1,
-                        lean_decode=False)
+    lean = LocalEngine(model_dir, device="cpu", dtype="float32", max_context=512, num_threads=1)
+    plain = LocalEngine(model_dir, device="cpu", dtype="float32", max_context=512,
+                        num_threads=1, lean_decode=False)
     try:
         assert lean.lean_prefill and not plain.lean_prefill
         lengths = [20, 7, 13]

@@ -39,7 +39,8 @@ def one_thread_here() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def engine(model_dir: str) -> Iterator[LocalEngine]:
     """An fp32 engine shared by the module (exactness tests need fp32)."""
-    e = LocalEngine(model_dir, dtype="float32", seed=0, max_context=CONTEXT, num_threads=THREADS)
+    e = LocalEngine(model_dir, device="cpu", dtype="float32", seed=0, max_context=CONTEXT,
+                    num_threads=THREADS)
     yield e
     e.close()
 
@@ -366,7 +367,8 @@ async def test_leaving_the_stream_early_frees_the_slot(engine: LocalEngine) -> N
 
 
 async def test_aclose_aborts_requests_in_flight(model_dir: str) -> None:
-    engine = LocalEngine(model_dir, dtype="float32", max_context=CONTEXT, num_threads=THREADS)
+    engine = LocalEngine(model_dir, device="cpu", dtype="float32", max_context=CONTEXT,
+                         num_threads=THREADS)
     prompt = chat(engine, "Write a long story.")
     first_tokens = asyncio.Event()
 
@@ -389,7 +391,7 @@ async def test_aclose_aborts_requests_in_flight(model_dir: str) -> None:
 async def test_default_dtype_engine_matches_its_own_forward_and_follows_weight_updates(
     model_dir: str,
 ) -> None:
-    engine = LocalEngine(model_dir, max_context=CONTEXT, num_threads=THREADS)
+    engine = LocalEngine(model_dir, device="cpu", max_context=CONTEXT, num_threads=THREADS)
     try:
         caps = getattr(torch.cpu, "get_capabilities", dict)()
         units = bool(caps.get("amx_bf16") or caps.get("avx512_bf16"))
@@ -438,7 +440,8 @@ seen = {}
 atexit.register(lambda: print("engine thread alive at exit:", seen["e"]._thread.is_alive()))
 from relayrl.engine.local import LocalEngine
 from relayrl.types import GenerateRequest, SamplingParams
-e = seen["e"] = LocalEngine(sys.argv[1], dtype="float32", max_context=64, num_threads=1)
+e = seen["e"] = LocalEngine(sys.argv[1], device="cpu", dtype="float32", max_context=64,
+                            num_threads=1)
 out = asyncio.run(e.generate(GenerateRequest(prompt_ids=[1, 2, 3],
                                              params=SamplingParams(max_new_tokens=4))))
 print("generated", len(out.output_ids))

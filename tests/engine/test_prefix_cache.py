@@ -85,9 +85,10 @@ def test_entries_are_evicted_least_recently_used_within_the_byte_budget() -> Non
 def engines(model_dir: str) -> Iterator[tuple[LocalEngine, LocalEngine]]:
     """fp32 engines with and without reuse (exactness needs fp32), one thread each."""
     torch.manual_seed(0)
-    reuse = LocalEngine(model_dir, dtype="float32", max_context=512, num_threads=1, seed=0)
-    plain = LocalEngine(model_dir, dtype="float32", max_context=512, num_threads=1, seed=0,
-                        prefix_cache_mb=0)
+    reuse = LocalEngine(model_dir, device="cpu", dtype="float32", max_context=512, num_threads=1,
+                        seed=0)
+    plain = LocalEngine(model_dir, device="cpu", dtype="float32", max_context=512, num_threads=1,
+                        seed=0, prefix_cache_mb=0)
     yield reuse, plain
     reuse.close()
     plain.close()

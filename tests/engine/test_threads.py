@@ -24,7 +24,7 @@ def test_set_threads_takes_effect_at_the_next_pass_and_none_restores(model_dir: 
     from relayrl.engine.local import LocalEngine
     from relayrl.types import GenerateRequest, SamplingParams
 
-    engine = LocalEngine(model_dir, dtype="float32", max_context=64, num_threads=1)
+    engine = LocalEngine(model_dir, device="cpu", dtype="float32", max_context=64, num_threads=1)
     try:
         def run() -> None:
             import asyncio
