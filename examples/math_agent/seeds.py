@@ -41,6 +41,10 @@ class SeedRun:
     set_aside_groups: int = 0
     discarded_groups: int = 0
     """Oversampled groups past the staleness bound (`rollout.oversample_groups`)."""
+    grown_groups: int = 0
+    """Rounds of more episodes run for uniform groups (`rollout.grow_uniform_groups`)."""
+    grown_signal_groups: int = 0
+    """Grown groups that ended with a spread of rewards."""
 
     @property
     def lift(self) -> float | None:
@@ -83,7 +87,9 @@ def read_run(seed: int, returncode: int, wall_s: float, metrics: Path) -> SeedRu
         tool_rate_after=get("eval_tool_call_rate_after"), steps=len(steps),
         batches_without_signal=int(last.get("skipped_batches", 0)),
         set_aside_groups=int(last.get("set_aside_groups", 0)),
-        discarded_groups=int(last.get("discarded_groups", 0)))
+        discarded_groups=int(last.get("discarded_groups", 0)),
+        grown_groups=int(last.get("grown_groups", 0)),
+        grown_signal_groups=int(last.get("grown_signal_groups", 0)))
 
 
 def table(runs: list[SeedRun]) -> str:
@@ -92,13 +98,16 @@ def table(runs: list[SeedRun]) -> str:
         return "n/a" if x is None else f"{x:.3f}"
 
     lines = ["| seed | base | before RL | after RL | lift | tool-call rate before → after | "
-             "steps | batches w/o signal | groups set aside | groups discarded | wall min | exit |",
-             "| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "steps | batches w/o signal | groups set aside | groups discarded | "
+             "groups grown → with signal | wall min | exit |",
+             "| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: "
+             "| ---: |"]
     for r in runs:
         lines.append(f"| {r.seed} | {f(r.base)} | {f(r.before)} | {f(r.after)} | {f(r.lift)} | "
                      f"{f(r.tool_rate_before)} → {f(r.tool_rate_after)} | {r.steps} | "
                      f"{r.batches_without_signal} | {r.set_aside_groups} | "
-                     f"{r.discarded_groups} | {r.wall_min:.1f} | "
+                     f"{r.discarded_groups} | {r.grown_groups} → {r.grown_signal_groups} | "
+                     f"{r.wall_min:.1f} | "
                      f"{r.returncode} |")
     lifts = [r.lift for r in runs if r.lift is not None]
     if lifts:

@@ -278,6 +278,83 @@ def test_a_negative_dynamic_sampling_budget_is_a_config_error() -> None:
         _config(dynamic_sampling_budget=-1)
 
 
+class ByIndexWorkflow(LengthWorkflow):
+    """Episode i of an item gets `data["rewards"][i]` (its episodes numbered across rounds)."""
+
+    async def arun_episode(self, engine, data):
+        ctx = wc.get()
+        self.seen.append(ctx)
+        return make_td(1, 4, reward=float(data["rewards"][ctx.sample_index]))
+
+
+async def test_a_uniform_group_grows_until_its_rewards_differ_and_trains_whole() -> None:
+    # item 0 fails its first 4 episodes and solves the 6th: two more rounds of 2, one group of 6
+    data = [{"rewards": [0, 0, 0, 0, 0, 1, 0, 0]}, {"rewards": [0, 1]}]
+    wf = ByIndexWorkflow()
+    cfg = _config(group_size=2, batch_size=2, grow_uniform_groups=3, max_staleness=0,
+                  max_concurrent_rollouts=4)
+    async with RolloutController(wf, data, cfg) as rc:
+        batch = await asyncio.wait_for(rc.next_batch(), 5)
+        stats = rc.stats()
+    assert sorted(batch.group_sizes) == [2, 6] and len(set(batch.task_ids)) == 2
+    grown = next(i for i, n in enumerate(batch.group_sizes) if n == 6)
+    start = sum(batch.group_sizes[:grown])
+    assert sorted(batch.rows.rewards[start:start + 6]) == [0, 0, 0, 0, 0, 1]
+    assert len(set(batch.group_ids[start:start + 6])) == 1  # one group for the advantages
+    indices = sorted(c.sample_index for c in wf.seen if c.group_id == batch.group_ids[start])
+    assert indices == [0, 1, 2, 3, 4, 5]  # numbered across rounds, none repeated
+    assert stats.groups_grown == 2 and stats.grown_groups_with_signal == 1
+    assert stats.running == 0 and stats.groups_set_aside == 0
+
+
+async def test_a_group_that_stays_uniform_stops_growing_and_goes_to_dynamic_sampling() -> None:
+    data = [{"rewards": [1] * 8}, {"rewards": [0, 1]}, {"rewards": [1, 0]}]
+    cfg = _config(group_size=2, batch_size=2, grow_uniform_groups=2, dynamic_sampling=True,
+                  max_staleness=0, max_concurrent_rollouts=2)
+    async with RolloutController(ByIndexWorkflow(), data, cfg) as rc:
+        batch = await asyncio.wait_for(rc.next_batch(), 5)
+        stats = rc.stats()
+    assert batch.group_sizes == (2, 2)  # the uniform item was set aside after 2 rounds
+    assert stats.groups_grown == 2 and stats.grown_groups_with_signal == 0
+    assert stats.groups_set_aside == 1 and stats.running == 0
+
+
+async def test_groups_never_grow_in_eval_or_by_default() -> None:
+    data = [{"rewards": [1, 1, 0, 0]}]
+    for cfg in (_config(group_size=2, batch_size=1),
+                _config(group_size=2, batch_size=1, grow_uniform_groups=1, is_eval=True)):
+        async with RolloutController(ByIndexWorkflow(), data, cfg) as rc:
+            batch = await asyncio.wait_for(rc.next_batch(), 5)
+            assert batch.group_sizes == (2,) and rc.stats().groups_grown == 0
+
+
+async def test_growing_waits_for_room_under_the_concurrency_cap() -> None:
+    # Groups of 2 under a cap of 4, each round of a group behind its own gate ("a0", "a1"):
+    # a's first round ends uniform and its slots go to its second round, not to item c, which
+    # starts only when b ends.
+    wf = RoundGatedWorkflow()
+    cfg = _config(group_size=2, batch_size=2, grow_uniform_groups=1, max_staleness=1,
+                  max_concurrent_rollouts=4)
+    data = [{"key": "a", "reward": 1.0}, {"key": "b"}, {"key": "c"}, {"key": "d"}]
+    async with RolloutController(wf, data, cfg) as rc:
+        rc.start()
+        await _until(lambda: wf.started == ["a0", "b0"])
+        wf.release("a0")
+        await _until(lambda: wf.started == ["a0", "b0", "a1"])
+        assert rc.stats().groups_grown == 1 and rc.stats().running == 4
+        wf.release("b0")  # b ends with signal: its slots go to the next item
+        await _until(lambda: wf.started == ["a0", "b0", "a1", "c0"])
+        assert rc.stats().running == 4
+        wf.release("a1", "c0", "d0")
+        batch = await asyncio.wait_for(rc.next_batch(), 5)
+    assert sorted(batch.group_sizes) == [2, 4]
+
+
+def test_a_negative_growth_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="grow_uniform_groups"):
+        _config(grow_uniform_groups=-1)
+
+
 class GatedWorkflow(RolloutWorkflow):
     """Each item's episodes wait for that item's gate; reward from the data, else a spread."""
 
@@ -301,6 +378,19 @@ class GatedWorkflow(RolloutWorkflow):
             if ctx.sample_index == 0:
                 self.cancelled.append(key)
             raise
+        return make_td(1, 4, reward=float(data.get("reward", ctx.sample_index)))
+
+
+class RoundGatedWorkflow(GatedWorkflow):
+    """GatedWorkflow with a gate per round of members: key + round ("a0", "a1", ...); `started`
+    lists each round's gate as its first member starts. Groups of 2."""
+
+    async def arun_episode(self, engine, data):
+        ctx = wc.get()
+        key = f"{data['key']}{ctx.sample_index // 2}"
+        if ctx.sample_index % 2 == 0:
+            self.started.append(key)
+        await self.gates.setdefault(key, asyncio.Event()).wait()
         return make_td(1, 4, reward=float(data.get("reward", ctx.sample_index)))
 
 

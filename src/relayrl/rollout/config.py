@@ -47,6 +47,11 @@ class RolloutConfig:
     # then take groups in admission order (no preference for quick episodes); a group the
     # staleness bound no longer has room for is discarded (cancelled if still running).
     oversample_groups: int = 0
+    # a group whose episodes all got one reward runs group_size more episodes of its item, up to
+    # this many times, and trains as one larger group once they differ (a question the policy
+    # almost always fails, or almost always solves, still gets its few informative episodes);
+    # what stays uniform goes on to dynamic sampling. Off in eval.
+    grow_uniform_groups: int = 0
 
     def __post_init__(self) -> None:
         if self.group_size < 1 or self.batch_size < 1:
@@ -61,6 +66,8 @@ class RolloutConfig:
         if self.dynamic_sampling_budget < 0:
             raise ConfigError(f"dynamic_sampling_budget must be >= 0, got "
                               f"{self.dynamic_sampling_budget}")
+        if self.grow_uniform_groups < 0:
+            raise ConfigError(f"grow_uniform_groups must be >= 0, got {self.grow_uniform_groups}")
         if self.oversample_groups < 0:
             raise ConfigError(f"oversample_groups must be >= 0, got {self.oversample_groups}")
         if self.epochs is not None and self.epochs < 1:

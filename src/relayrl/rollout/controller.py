@@ -68,6 +68,12 @@ def uniform_group(rows: RowBatch, tol: float = 1e-6) -> bool:
     return bool(means) and max(means) - min(means) <= tol
 
 
+def _has_signal(outcomes: list[EpisodeOutcome]) -> bool | None:
+    """Whether the finished episodes' rewards differ (None: none finished with rows)."""
+    rows = [o.rows for o in outcomes if o.status == EpisodeStatus.FINISHED and o.rows is not None]
+    return None if not rows else not uniform_group(RowBatch.concat(rows))
+
+
 @dataclass(frozen=True)
 class RolloutStats:
     """Counters at one moment. Episode counts are cumulative; `running` is now."""
@@ -96,6 +102,10 @@ class RolloutStats:
     """Over rows handed out: trainer version at hand-out minus the row's first sampled version."""
     groups_discarded: int = 0
     """Oversampled groups with no room left under the staleness bound (discarded or cancelled)."""
+    groups_grown: int = 0
+    """Times a uniform group ran `group_size` more episodes of its item (`grow_uniform_groups`)."""
+    grown_groups_with_signal: int = 0
+    """Groups that were grown and then ended with a spread of rewards."""
     recent_errors: tuple[str, ...] = ()
     """The last few abort errors, `episode_id: Type: message`."""
     aborted_by_reason: dict[str, int] = field(default_factory=dict)
@@ -195,6 +205,11 @@ class RolloutController:
         self._oversample = (config.oversample_groups
                             if config.dynamic_sampling and not config.is_eval else 0)
         self._groups_discarded = 0
+        self._groups_grown = 0
+        self._grown_with_signal = 0
+        self._growths_waiting = 0
+        """Groups waiting for room to grow: the feeder admits no new group meanwhile."""
+        self._freed: asyncio.Event | None = None
         self._running: dict[int, _Running] = {}
         """Groups not settled yet, by admission number."""
         self._ended: dict[int, _Group | None] = {}
@@ -293,6 +308,7 @@ class RolloutController:
             raise InvalidRequest("the controller is closed")
         if self._feeder is None:
             self._wake, self._changed = asyncio.Event(), asyncio.Event()
+            self._freed = asyncio.Event()
             self._feeder = asyncio.create_task(self._feed(), name="relayrl-rollout-feeder")
 
     async def _feed(self) -> None:
@@ -320,7 +336,7 @@ class RolloutController:
     def _admit_what_fits(self) -> None:
         g = self.config.group_size
         version = self.version
-        while (not self._paused and not self._exhausted
+        while (not self._paused and not self._exhausted and not self._growths_waiting
                and self._running_episodes + g <= self.config.max_concurrent_rollouts
                and self._room(version)):
             index = next(self._order, None)
@@ -349,6 +365,7 @@ class RolloutController:
                              is_eval=self.config.is_eval, version=version)
         self._running[seq].started = True
         ended = 0
+        members = self.config.group_size  # counted in _running_episodes at admission
         group: _Group | None = None
         ran = False  # False: cancelled (oversampling's discard, or aclose)
 
@@ -363,6 +380,16 @@ class RolloutController:
             with episode_scope(ctx):
                 outcomes = await self._group.run_members(
                     self.engine, data, self.config.episode_timeout_s, on_done=on_done)
+                while self._may_grow(outcomes):  # bounded: grow_uniform_groups rounds at most
+                    await self._room_to_grow()
+                    members += self.config.group_size
+                    self._running_episodes += self.config.group_size
+                    self._groups_grown += 1
+                    outcomes += await self._group.run_members(
+                        self.engine, data, self.config.episode_timeout_s, on_done=on_done,
+                        first_index=len(outcomes))
+                if len(outcomes) > self.config.group_size:
+                    self._grown_with_signal += bool(_has_signal(outcomes))
             finished = [o for o in outcomes if o.status == EpisodeStatus.FINISHED]
             if finished:
                 group = _Group(task_id, version,
@@ -375,7 +402,7 @@ class RolloutController:
         finally:
             if not ran:
                 self._cancelled.add(seq)
-            self._running_episodes -= self.config.group_size - ended  # members never reported
+            self._running_episodes -= members - ended  # members never reported
             self._running.pop(seq, None)
             if self._oversample:
                 self._ended[seq] = group
@@ -419,6 +446,29 @@ class RolloutController:
                 self._cancelled.add(seq)
                 running.task.cancel()
 
+    def _may_grow(self, outcomes: list[EpisodeOutcome]) -> bool:
+        """A group runs another round of members while its finished episodes all got one reward
+        and `grow_uniform_groups` leaves rounds (never in eval)."""
+        cfg = self.config
+        rounds_run = len(outcomes) // cfg.group_size - 1
+        return (rounds_run < cfg.grow_uniform_groups and not cfg.is_eval and not self._closed
+                and _has_signal(outcomes) is False)
+
+    async def _room_to_grow(self) -> None:
+        """Wait until `group_size` more episodes fit under `max_concurrent_rollouts`. The feeder
+        admits no new group meanwhile, so running episodes can only end: the wait ends within
+        an episode timeout."""
+        assert self._freed is not None
+        cap, g = self.config.max_concurrent_rollouts, self.config.group_size
+        self._growths_waiting += 1
+        try:
+            while self._running_episodes + g > cap:  # bounded: see the docstring
+                self._freed.clear()
+                await self._freed.wait()
+        finally:
+            self._growths_waiting -= 1
+            self._poke()
+
     def _set_aside(self, rows: RowBatch) -> bool:
         """Dynamic sampling: True for a uniform group while this batch's budget lasts."""
         cfg = self.config
@@ -431,6 +481,8 @@ class RolloutController:
     def _episode_done(self, outcome: EpisodeOutcome) -> None:
         self._counts[outcome.status] += 1
         self._running_episodes -= 1
+        if self._freed is not None:
+            self._freed.set()
         if outcome.status == EpisodeStatus.ABORTED:
             first_line = (outcome.error or "").splitlines()[0] if outcome.error else ""
             self._errors.append(f"{outcome.ctx.episode_id}: {first_line}")
@@ -518,6 +570,7 @@ class RolloutController:
             aborted=s[EpisodeStatus.ABORTED], groups_running=self._gate.running,
             groups_accepted=self._gate.accepted, groups_dropped=self._groups_dropped,
             groups_set_aside=self._groups_set_aside, groups_discarded=self._groups_discarded,
+            groups_grown=self._groups_grown, grown_groups_with_signal=self._grown_with_signal,
             groups_queued=len(self._ready), rows_out=self._rows_out,
             mean_staleness=self._mean_staleness(), recent_errors=tuple(self._errors),
             aborted_by_reason=dict(self._abort_reasons), workflow=self._workflow_counters(),

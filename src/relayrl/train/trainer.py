@@ -515,6 +515,8 @@ class _Run:
             aborted_episodes=float(stats.aborted), rejected_episodes=float(stats.rejected),
             set_aside_groups=float(stats.groups_set_aside),
             discarded_groups=float(stats.groups_discarded),
+            grown_groups=float(stats.groups_grown),
+            grown_signal_groups=float(stats.grown_groups_with_signal),
             step_s=step_s, trained_tokens_per_s=trained_tokens(batch.rows) / max(step_s, 1e-9),
         )
         metrics.update(episode_metrics(batch.rows))
@@ -561,7 +563,8 @@ def _counters_text(counters: dict[str, float]) -> str:
 
 def _print_step(step: int, total: int, m: dict[str, float]) -> None:
     keys = ("reward_mean", "loss", "approx_kl", "clip_frac", "tool_call_rate",
-            "trained_tokens_per_s", "step_s", "set_aside_groups", "discarded_groups")
+            "trained_tokens_per_s", "step_s", "set_aside_groups", "discarded_groups",
+            "grown_groups", "grown_signal_groups")
     shown = " ".join(f"{k}={m[k]:.3g}" for k in keys  # the group counts: 0 unless dynamic sampling
                      if k in m and (m[k] or not k.endswith("_groups")))
     counters = _counters_text({k[len(WORKFLOW_PREFIX):]: v for k, v in m.items()

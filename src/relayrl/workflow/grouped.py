@@ -142,12 +142,13 @@ class GroupedWorkflow(RolloutWorkflow):
     async def run_members(self, engine: Any, data: dict[str, Any],
                           timeout_s: float | None = None,
                           on_done: Callable[[EpisodeOutcome], None] | None = None,
-                          ) -> list[EpisodeOutcome]:
-        """Every member's outcome (`on_done` sees each as it ends), in the current task/group."""
+                          first_index: int = 0) -> list[EpisodeOutcome]:
+        """Every member's outcome (`on_done` sees each as it ends), in the current task/group;
+        members are numbered from `first_index` (a group that grows runs more of them)."""
         parent = current_context()
         group_id = parent.group_id or new_group_id()
         ctxs = [dataclasses.replace(parent, group_id=group_id, episode_id=new_episode_id(),
-                                    sample_index=i) for i in range(self.group_size)]
+                                    sample_index=first_index + i) for i in range(self.group_size)]
 
         async def member(ctx: EpisodeContext) -> EpisodeOutcome:
             outcome = await run_episode(self.workflow, engine, data, ctx, timeout_s)
