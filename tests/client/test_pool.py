@@ -1,10 +1,15 @@
-"""The shared rollout client drops idle connections before the gateway would close them."""
+"""The shared rollout client, and a session client's own, drop idle connections before the
+gateway would close them."""
 
 from __future__ import annotations
 
 import asyncio
 
+import httpx
+import pytest
+
 from relayrl.client.pool import KEEPALIVE_EXPIRY_S, pooled_client
+from relayrl.client.session_client import SessionClient
 from relayrl.gateway.config import GatewayConfig
 
 
@@ -35,11 +40,19 @@ def test_the_expiry_is_under_the_gateways_keep_alive() -> None:
     assert GatewayConfig().keep_alive_timeout_s > KEEPALIVE_EXPIRY_S
 
 
-async def test_an_idle_pooled_connection_is_not_reused_after_the_expiry() -> None:
+def _session_clients_own(url: str) -> httpx.AsyncClient:
+    # the client that drives sessions (start, end, export, abort): an abort after an episode's
+    # 5 s timeout once raced the gateway's close of the idle connection and left the session open
+    return SessionClient(url).http
+
+
+@pytest.mark.parametrize("make", [lambda url: pooled_client(5.0), _session_clients_own],
+                         ids=["pooled_client", "SessionClient"])
+async def test_an_idle_pooled_connection_is_not_reused_after_the_expiry(make) -> None:
     server, connections = await _keep_alive_server()
     port = server.sockets[0].getsockname()[1]
     url = f"http://127.0.0.1:{port}/"
-    client = pooled_client(5.0)
+    client = make(url)
     try:
         for _ in range(3):
             assert (await client.get(url)).text == "ok"

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from relayrl.client.pool import pooled_client
 from relayrl.errors import (
     AuthenticationFailed,
     CapacityExhausted,
@@ -50,7 +51,9 @@ class SessionClient:
         self.gateway_url = gateway_url.rstrip("/")
         self.admin_key = admin_key
         self._own_client = http_client is None
-        self.http = http_client or httpx.AsyncClient(timeout=timeout_s)
+        # pooled connections expire before the gateway's keep-alive closes them: an abort or
+        # export after an idle episode would otherwise race the server's close
+        self.http = http_client or pooled_client(timeout_s)
 
     async def aclose(self) -> None:
         """Close the HTTP client if this object made it."""
