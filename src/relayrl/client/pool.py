@@ -1,4 +1,5 @@
-"""The pooled HTTP client that rollouts share, with keep-alive that ends before the server's does.
+"""The pooled HTTP client that rollouts (and a `SessionClient` with no client of its own) use,
+with keep-alive that ends before the server's does.
 
 Why: uvicorn (so the gateway, `keep_alive_timeout_s`, 5 s by default) closes a connection that
 sat idle for 5 s, and httpx's own default is to keep one for 5 s too. A pooled connection reused
