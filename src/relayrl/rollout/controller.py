@@ -23,6 +23,11 @@ preferred. A group whose place in that order would make it staler than `max_stal
 trained (its accepted index past the limit at its admission version) is discarded, or cancelled
 while it still runs: the staleness bound holds as without oversampling.
 
+Growth (`grow_uniform_groups`): a group whose episodes all got one reward runs `group_size` more
+episodes of its item, round by round, before it is settled, and trains as one group. A round
+takes the slots the group's own episodes freed; should others hold them, it waits and the feeder
+admits no new group meanwhile.
+
 The trainer says how many batches it will still take (`limit_batches`), so no episode runs for a
 batch nobody takes: the last update gets the engine's cores instead of sampling a batch that is
 cancelled when training ends.

@@ -565,7 +565,7 @@ def _print_step(step: int, total: int, m: dict[str, float]) -> None:
     keys = ("reward_mean", "loss", "approx_kl", "clip_frac", "tool_call_rate",
             "trained_tokens_per_s", "step_s", "set_aside_groups", "discarded_groups",
             "grown_groups", "grown_signal_groups")
-    shown = " ".join(f"{k}={m[k]:.3g}" for k in keys  # the group counts: 0 unless dynamic sampling
+    shown = " ".join(f"{k}={m[k]:.3g}" for k in keys  # group counts: 0 unless sampling adapts
                      if k in m and (m[k] or not k.endswith("_groups")))
     counters = _counters_text({k[len(WORKFLOW_PREFIX):]: v for k, v in m.items()
                                if k.startswith(WORKFLOW_PREFIX)})
