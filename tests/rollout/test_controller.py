@@ -328,7 +328,7 @@ async def test_groups_never_grow_in_eval_or_by_default() -> None:
             assert batch.group_sizes == (2,) and rc.stats().groups_grown == 0
 
 
-async def test_growing_waits_for_room_under_the_concurrency_cap() -> None:
+async def test_a_growing_group_takes_its_own_freed_slots_before_a_new_group() -> None:
     # Groups of 2 under a cap of 4, each round of a group behind its own gate ("a0", "a1"):
     # a's first round ends uniform and its slots go to its second round, not to item c, which
     # starts only when b ends.
