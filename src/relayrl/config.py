@@ -59,6 +59,11 @@ class RelayConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     service: ExternalConfig = field(default_factory=ExternalConfig)  # `relayrl serve` only
 
+    def __post_init__(self) -> None:
+        if self.rollout.baseline_by is not None and self.train.advantage_source != "group":
+            raise ConfigError("rollout.baseline_by needs train.advantage_source: group (a "
+                              "running mean of episode rewards is no baseline for turn returns)")
+
     @property
     def run_dir(self) -> Path:
         """`{fileroot}/{experiment_name}/{trial_name}`: this trial's outputs."""

@@ -355,6 +355,52 @@ def test_a_negative_growth_is_a_config_error() -> None:
         _config(grow_uniform_groups=-1)
 
 
+async def test_a_uniform_group_far_from_its_kinds_record_trains_against_that_record() -> None:
+    # one group at a time, in data order; "reward" makes a group uniform, no reward a spread
+    data = [{"kind": "x", "reward": 1.0},  # no record yet: set aside; record x = [1, 1]
+            {"kind": "x"},                 # rewards 0, 1: batched; record x = [1, 1, 0, 1]
+            {"kind": "x", "reward": 0.0},  # |0 - 0.75| >= 0.3: trained against 0.75
+            {"kind": "y", "reward": 0.0},  # no record of y: set aside
+            {"kind": "x", "reward": 0.0},  # record x = [0, 1, 0, 0]: |0 - 0.25| < 0.3, aside
+            {"kind": "y"}]
+    cfg = _config(group_size=2, batch_size=1, dynamic_sampling=True, max_staleness=0,
+                  max_concurrent_rollouts=2, baseline_by="kind", baseline_window=4,
+                  baseline_min_gap=0.3, epochs=1)
+    async with RolloutController(LengthWorkflow(), data, cfg) as rc:
+        batches = []
+        for version in range(1, 4):
+            batches.append(await asyncio.wait_for(rc.next_batch(), 5))
+            rc.set_version(version)
+        stats = rc.stats()
+    assert [b.rows.rewards for b in batches] == [(0.0, 1.0), (0.0, 0.0), (0.0, 1.0)]
+    assert batches[0].baselines == {} and batches[2].baselines == {}
+    assert batches[1].baselines == {batches[1].group_ids[0]: pytest.approx(0.75)}
+    assert stats.groups_baselined == 1 and stats.groups_set_aside == 3
+
+
+async def test_running_baselines_are_off_by_default_and_in_eval() -> None:
+    # one group at a time: x's record is [0, 1, 0, 1] when the uniform group ends
+    data = [{"kind": "x"}, {"kind": "x"}, {"kind": "x", "reward": 0.0}]
+    base = dict(group_size=2, batch_size=3, max_concurrent_rollouts=2, max_staleness=0,
+                epochs=1, dynamic_sampling=True)
+    on = dict(baseline_by="kind", baseline_window=4)
+    for kw, kept in (({}, 0), ({**on, "is_eval": True}, 0), (on, 1)):
+        async with RolloutController(LengthWorkflow(), data, _config(**{**base, **kw})) as rc:
+            batch = await asyncio.wait_for(rc.next_batch(), 5)
+            stats = rc.stats()
+        assert len(batch.baselines) == stats.groups_baselined == kept, kw
+        assert len(batch.group_sizes) == (2 if kw == {} else 3), kw  # default: set aside
+
+
+def test_baseline_settings_out_of_range_or_a_missing_field_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="baseline_window"):
+        _config(baseline_window=1)
+    with pytest.raises(ConfigError, match="baseline_min_gap"):
+        _config(baseline_min_gap=0)
+    with pytest.raises(ConfigError, match="item 1 has no such field"):
+        RolloutController(LengthWorkflow(), [{"kind": "x"}, {}], _config(baseline_by="kind"))
+
+
 class GatedWorkflow(RolloutWorkflow):
     """Each item's episodes wait for that item's gate; reward from the data, else a spread."""
 

@@ -52,6 +52,15 @@ class RolloutConfig:
     # almost always fails, or almost always solves, still gets its few informative episodes);
     # what stays uniform goes on to dynamic sampling. Off in eval.
     grow_uniform_groups: int = 0
+    # an item field (e.g. "form"): a group whose episodes all got one reward is trained, not set
+    # aside, when that reward is at least baseline_min_gap from the mean reward of the last
+    # baseline_window episodes of items with the same value (sampled before it; at least half a
+    # window of them); its advantage
+    # is reward - that mean. A kind of question the policy used to solve and now always fails
+    # is then pushed back instead of dropped. Off in eval; needs advantage_source "group".
+    baseline_by: str | None = None
+    baseline_window: int = 16            # episodes per value in the running mean
+    baseline_min_gap: float = 0.25       # |reward - mean| that makes a uniform group worth training
 
     def __post_init__(self) -> None:
         if self.group_size < 1 or self.batch_size < 1:
@@ -68,6 +77,10 @@ class RolloutConfig:
                               f"{self.dynamic_sampling_budget}")
         if self.grow_uniform_groups < 0:
             raise ConfigError(f"grow_uniform_groups must be >= 0, got {self.grow_uniform_groups}")
+        if self.baseline_window < 2:
+            raise ConfigError(f"baseline_window must be >= 2, got {self.baseline_window}")
+        if self.baseline_min_gap <= 0:
+            raise ConfigError(f"baseline_min_gap must be > 0, got {self.baseline_min_gap}")
         if self.oversample_groups < 0:
             raise ConfigError(f"oversample_groups must be >= 0, got {self.oversample_groups}")
         if self.epochs is not None and self.epochs < 1:

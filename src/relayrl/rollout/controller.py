@@ -28,6 +28,11 @@ episodes of its item, round by round, before it is settled, and trains as one gr
 takes the slots the group's own episodes freed; should others hold them, it waits and the feeder
 admits no new group meanwhile.
 
+A running baseline (`baseline_by`): the controller keeps, per value of an item field, the rewards
+of the last episodes it ended. A uniform group far enough from its value's mean is trained
+instead of set aside, and the batch carries that mean as the group's baseline (`Batch.baselines`):
+GRPO's group mean is then no baseline at all, but the policy's recent record on such items is.
+
 The trainer says how many batches it will still take (`limit_batches`), so no episode runs for a
 batch nobody takes: the last update gets the engine's cores instead of sampling a batch that is
 cancelled when training ends.
@@ -63,13 +68,18 @@ _POLL_S = 0.2
 _KEEP_ERRORS = 32
 
 
-def uniform_group(rows: RowBatch, tol: float = 1e-6) -> bool:
-    """True when every episode of the group got one reward (an episode's reward is the mean of
-    its rows', as the trainer's group advantages count it): GRPO learns nothing from it."""
+def _episode_rewards(rows: RowBatch) -> list[float]:
+    """Each episode's reward, in order of first row: the mean of its rows' rewards, as the
+    trainer's group advantages count it."""
     per_episode: dict[str, list[float]] = {}
     for episode, reward in zip(rows.episode_ids, rows.rewards, strict=True):
         per_episode.setdefault(episode, []).append(reward)
-    means = [sum(r) / len(r) for r in per_episode.values()]
+    return [sum(r) / len(r) for r in per_episode.values()]
+
+
+def uniform_group(rows: RowBatch, tol: float = 1e-6) -> bool:
+    """True when every episode of the group got one reward: GRPO learns nothing from it."""
+    means = _episode_rewards(rows)
     return bool(means) and max(means) - min(means) <= tol
 
 
@@ -107,6 +117,8 @@ class RolloutStats:
     """Over rows handed out: trainer version at hand-out minus the row's first sampled version."""
     groups_discarded: int = 0
     """Oversampled groups with no room left under the staleness bound (discarded or cancelled)."""
+    groups_baselined: int = 0
+    """Uniform groups trained against their item kind's running mean (`baseline_by`)."""
     groups_grown: int = 0
     """Times a uniform group ran `group_size` more episodes of its item (`grow_uniform_groups`)."""
     grown_groups_with_signal: int = 0
@@ -134,6 +146,9 @@ class Batch:
     staleness: tuple[int, ...]
     """Per row: `version` minus the version that sampled the row's first trained token."""
     stats: RolloutStats
+    baselines: dict[str, float] = field(default_factory=dict)
+    """Group id -> the baseline its advantages take instead of the group's mean (uniform groups
+    kept by `baseline_by`); groups not named here use their own mean."""
 
     @property
     def num_rows(self) -> int:
@@ -156,6 +171,10 @@ class _Group:
     task_id: str
     admitted_version: int
     rows: RowBatch
+    kind: str | None = None
+    """The item's `baseline_by` value (JSON), None without a running baseline."""
+    baseline: float | None = None
+    """Set when the group is uniform and trains against its kind's running mean."""
 
 
 @dataclass
@@ -194,6 +213,14 @@ class RolloutController:
         self._dumper = (TrajectoryDumper(config.dump_root, config.experiment, config.trial,
                                          decode) if config.dump_root else None)
         self._order = self._data_order(self._strata())
+        self._history: dict[str, deque[float]] = {}
+        """`baseline_by`: per item kind, the rewards of its last episodes (oldest first)."""
+        if config.baseline_by is not None and not config.is_eval:
+            for index, item in enumerate(dataset):
+                if config.baseline_by not in item:
+                    raise ConfigError(f"baseline_by={config.baseline_by!r}: item {index} has no "
+                                      "such field")
+        self._groups_baselined = 0
         self._exhausted = False
         self._paused = False
         self._ready: deque[_Group] = deque()
@@ -398,7 +425,8 @@ class RolloutController:
             finished = [o for o in outcomes if o.status == EpisodeStatus.FINISHED]
             if finished:
                 group = _Group(task_id, version,
-                               RowBatch.concat(o.rows for o in finished if o.rows is not None))
+                               RowBatch.concat(o.rows for o in finished if o.rows is not None),
+                               kind=self._kind(data))
             ran = True
         except Exception as e:  # a bug above the episodes (merging): drop the group
             log.exception("group %s failed", task_id)
@@ -428,7 +456,7 @@ class RolloutController:
             self._groups_discarded += not self._closed
         elif group is None:
             self._groups_dropped += 1
-        elif self._set_aside(group.rows):
+        elif self._judge_by_history(group) is None and self._set_aside(group.rows):
             self._groups_set_aside += 1
             self._set_aside_since_batch += 1
         elif self._oversample and self._past_bound(group.admitted_version):
@@ -436,8 +464,30 @@ class RolloutController:
         else:
             self._ready.append(group)
             accepted = True
+            self._groups_baselined += group.baseline is not None
             self._dump(group)
         self._gate.finish(accepted)
+
+    def _kind(self, data: dict[str, Any]) -> str | None:
+        key = self.config.baseline_by
+        if key is None or self.config.is_eval:
+            return None
+        return json.dumps(data[key], sort_keys=True)
+
+    def _judge_by_history(self, group: _Group) -> float | None:
+        """`baseline_by`: the baseline a uniform group trains against (None: it has none), and
+        its episodes' rewards added to its kind's history afterwards."""
+        if group.kind is None:
+            return None
+        cfg = self.config
+        rewards = _episode_rewards(group.rows)
+        history = self._history.setdefault(group.kind, deque(maxlen=cfg.baseline_window))
+        if (len(history) * 2 >= cfg.baseline_window and uniform_group(group.rows)
+                and abs(rewards[0] - (mean := sum(history) / len(history)))
+                >= cfg.baseline_min_gap):
+            group.baseline = mean
+        history.extend(rewards)
+        return group.baseline
 
     def _past_bound(self, admitted_version: int) -> bool:
         """One more accepted group, admitted at this version, would be trained too stale."""
@@ -536,6 +586,8 @@ class RolloutController:
 
     def _make_batch(self, groups: list[_Group]) -> Batch:
         merged = RowBatch.concat(g.rows for g in groups)
+        baselines = {group_id: g.baseline for g in groups if g.baseline is not None
+                     for group_id in set(g.rows.group_ids)}
         version = self.version
         heads = merged.head_versions()
         admitted = [g.admitted_version for g in groups for _ in range(g.rows.num_rows)]
@@ -553,6 +605,7 @@ class RolloutController:
             version=version,
             staleness=staleness,
             stats=self.stats(),
+            baselines=baselines,
         )
 
     def __aiter__(self) -> RolloutController:
@@ -575,7 +628,7 @@ class RolloutController:
             aborted=s[EpisodeStatus.ABORTED], groups_running=self._gate.running,
             groups_accepted=self._gate.accepted, groups_dropped=self._groups_dropped,
             groups_set_aside=self._groups_set_aside, groups_discarded=self._groups_discarded,
-            groups_grown=self._groups_grown, grown_groups_with_signal=self._grown_with_signal,
+            groups_baselined=self._groups_baselined, groups_grown=self._groups_grown, grown_groups_with_signal=self._grown_with_signal,
             groups_queued=len(self._ready), rows_out=self._rows_out,
             mean_staleness=self._mean_staleness(), recent_errors=tuple(self._errors),
             aborted_by_reason=dict(self._abort_reasons), workflow=self._workflow_counters(),

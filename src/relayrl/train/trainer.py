@@ -301,7 +301,7 @@ class _Run:
             rollout = replace(rollout, seed=self.cfg.seed)
         if is_eval:
             rollout = replace(rollout, group_size=1, batch_size=len(dataset), epochs=1,
-                              shuffle=False, stratify_by=None, is_eval=True,
+                              shuffle=False, stratify_by=None, baseline_by=None, is_eval=True,
                               max_staleness=0,
                               max_concurrent_rollouts=self.cfg.eval.max_concurrent
                               or rollout.max_concurrent_rollouts)
@@ -497,7 +497,7 @@ class _Run:
         """
         started = time.perf_counter()
         tb = TrainBatch.from_row_batch(batch.rows)
-        adv = compute_advantages(tb, self.cfg.train)
+        adv = compute_advantages(tb, self.cfg.train, batch.baselines)
         # rollouts keep sampling with the old weights while the update runs in a thread
         async with self._lend_idle_engine_cores(rollouts_running) as lent:
             metrics = await self.off_loop("rl", self.actor.update, adv.batch, adv.adv_B_T)
@@ -515,6 +515,7 @@ class _Run:
             aborted_episodes=float(stats.aborted), rejected_episodes=float(stats.rejected),
             set_aside_groups=float(stats.groups_set_aside),
             discarded_groups=float(stats.groups_discarded),
+            baseline_groups=float(stats.groups_baselined),
             grown_groups=float(stats.groups_grown),
             grown_signal_groups=float(stats.grown_groups_with_signal),
             step_s=step_s, trained_tokens_per_s=trained_tokens(batch.rows) / max(step_s, 1e-9),
@@ -564,7 +565,7 @@ def _counters_text(counters: dict[str, float]) -> str:
 def _print_step(step: int, total: int, m: dict[str, float]) -> None:
     keys = ("reward_mean", "loss", "approx_kl", "clip_frac", "tool_call_rate",
             "trained_tokens_per_s", "step_s", "set_aside_groups", "discarded_groups",
-            "grown_groups", "grown_signal_groups")
+            "baseline_groups", "grown_groups", "grown_signal_groups")
     shown = " ".join(f"{k}={m[k]:.3g}" for k in keys  # group counts: 0 unless sampling adapts
                      if k in m and (m[k] or not k.endswith("_groups")))
     counters = _counters_text({k[len(WORKFLOW_PREFIX):]: v for k, v in m.items()
