@@ -45,6 +45,8 @@ class SeedRun:
     """Rounds of more episodes run for uniform groups (`rollout.grow_uniform_groups`)."""
     grown_signal_groups: int = 0
     """Grown groups that ended with a spread of rewards."""
+    baseline_groups: int = 0
+    """Uniform groups trained against their form's running mean (`rollout.baseline_by`)."""
 
     @property
     def lift(self) -> float | None:
@@ -89,7 +91,8 @@ def read_run(seed: int, returncode: int, wall_s: float, metrics: Path) -> SeedRu
         set_aside_groups=int(last.get("set_aside_groups", 0)),
         discarded_groups=int(last.get("discarded_groups", 0)),
         grown_groups=int(last.get("grown_groups", 0)),
-        grown_signal_groups=int(last.get("grown_signal_groups", 0)))
+        grown_signal_groups=int(last.get("grown_signal_groups", 0)),
+        baseline_groups=int(last.get("baseline_groups", 0)))
 
 
 def table(runs: list[SeedRun]) -> str:
@@ -99,14 +102,15 @@ def table(runs: list[SeedRun]) -> str:
 
     lines = ["| seed | base | before RL | after RL | lift | tool-call rate before → after | "
              "steps | batches w/o signal | groups set aside | groups discarded | "
-             "groups grown → with signal | wall min | exit |",
+             "groups grown → with signal | uniform groups trained vs record | wall min | exit |",
              "| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: "
-             "| ---: |"]
+             "| ---: | ---: |"]
     for r in runs:
         lines.append(f"| {r.seed} | {f(r.base)} | {f(r.before)} | {f(r.after)} | {f(r.lift)} | "
                      f"{f(r.tool_rate_before)} → {f(r.tool_rate_after)} | {r.steps} | "
                      f"{r.batches_without_signal} | {r.set_aside_groups} | "
                      f"{r.discarded_groups} | {r.grown_groups} → {r.grown_signal_groups} | "
+                     f"{r.baseline_groups} | "
                      f"{r.wall_min:.1f} | "
                      f"{r.returncode} |")
     lifts = [r.lift for r in runs if r.lift is not None]
