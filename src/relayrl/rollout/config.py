@@ -55,8 +55,7 @@ class RolloutConfig:
     # an item field (e.g. "form"): a group whose episodes all got one reward is trained, not set
     # aside, when that reward is at least baseline_min_gap from the mean reward of the last
     # baseline_window episodes of items with the same value (sampled before it; at least half a
-    # window of them); its advantage
-    # is reward - that mean. A kind of question the policy used to solve and now always fails
+    # window of them); its advantage is reward - that mean. A kind of question the policy used to solve and now always fails
     # is then pushed back instead of dropped. Off in eval; needs advantage_source "group".
     baseline_by: str | None = None
     baseline_window: int = 16            # episodes per value in the running mean

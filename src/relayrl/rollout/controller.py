@@ -450,13 +450,15 @@ class RolloutController:
 
     def _settle(self, seq: int, group: _Group | None) -> None:
         """Batch, set aside, drop or discard an ended group; its staleness slot follows."""
+        if group is not None:
+            self._hold_against_record(group)
         accepted = False
         if seq in self._cancelled:
             self._cancelled.discard(seq)
             self._groups_discarded += not self._closed
         elif group is None:
             self._groups_dropped += 1
-        elif self._judge_by_history(group) is None and self._set_aside(group.rows):
+        elif group.baseline is None and self._set_aside(group.rows):
             self._groups_set_aside += 1
             self._set_aside_since_batch += 1
         elif self._oversample and self._past_bound(group.admitted_version):
@@ -474,11 +476,11 @@ class RolloutController:
             return None
         return json.dumps(data[key], sort_keys=True)
 
-    def _judge_by_history(self, group: _Group) -> float | None:
-        """`baseline_by`: the baseline a uniform group trains against (None: it has none), and
-        its episodes' rewards added to its kind's history afterwards."""
+    def _hold_against_record(self, group: _Group) -> None:
+        """`baseline_by`: set the baseline a uniform group trains against (if its kind's record
+        is long enough and far enough from its reward), then add its rewards to the record."""
         if group.kind is None:
-            return None
+            return
         cfg = self.config
         rewards = _episode_rewards(group.rows)
         history = self._history.setdefault(group.kind, deque(maxlen=cfg.baseline_window))
@@ -487,7 +489,6 @@ class RolloutController:
                 >= cfg.baseline_min_gap):
             group.baseline = mean
         history.extend(rewards)
-        return group.baseline
 
     def _past_bound(self, admitted_version: int) -> bool:
         """One more accepted group, admitted at this version, would be trained too stale."""
@@ -628,7 +629,8 @@ class RolloutController:
             aborted=s[EpisodeStatus.ABORTED], groups_running=self._gate.running,
             groups_accepted=self._gate.accepted, groups_dropped=self._groups_dropped,
             groups_set_aside=self._groups_set_aside, groups_discarded=self._groups_discarded,
-            groups_baselined=self._groups_baselined, groups_grown=self._groups_grown, grown_groups_with_signal=self._grown_with_signal,
+            groups_baselined=self._groups_baselined, groups_grown=self._groups_grown,
+            grown_groups_with_signal=self._grown_with_signal,
             groups_queued=len(self._ready), rows_out=self._rows_out,
             mean_staleness=self._mean_staleness(), recent_errors=tuple(self._errors),
             aborted_by_reason=dict(self._abort_reasons), workflow=self._workflow_counters(),
