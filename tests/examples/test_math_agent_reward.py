@@ -61,3 +61,27 @@ async def test_right_and_wrong_answers_keep_one_and_zero(model_dir: str) -> None
     right = teacher.teacher_script(model_dir)
     assert await _reward(model_dir, right, unanswered_reward=-0.5) == 1.0
     assert await _reward(model_dir, lambda r: "The answer is 8.", unanswered_reward=-0.5) == 0.0
+
+
+def test_operations_counts_the_expression_only() -> None:
+    assert agent_module.operations(TASK["messages"][0]["content"]) == 1
+    assert agent_module.operations("What is (2 + 3) * 4? Use add and multiply.") == 2
+    assert agent_module.operations("What is 2 * 3 * 4 + 1? then + more") == 3
+
+
+async def test_the_call_bonus_goes_to_one_call_per_operation_only(model_dir: str) -> None:
+    right = teacher.teacher_script(model_dir)
+    assert await _reward(model_dir, right, call_bonus=0.25) == 1.25
+    assert await _reward(model_dir, right) == 1.0  # off by default
+
+    decode = teacher._decode_fn(model_dir)
+
+    def twice(request: GenerateRequest) -> str:
+        # right, but with a redundant second call: add(3, 4), then add(7, 0), then the answer
+        done = len(teacher.TOOL_RESPONSE.findall(decode(list(request.prompt_ids))))
+        if done < 2:
+            return teacher.tool_call_text("add", {"a": 7 if done else 3, "b": 0 if done else 4})
+        return teacher.answer_text(7.0)
+
+    assert await _reward(model_dir, twice, call_bonus=0.25) == 1.0
+    assert await _reward(model_dir, lambda r: "The answer is 8.", call_bonus=0.25) == 0.0
