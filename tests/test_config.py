@@ -80,6 +80,7 @@ def test_relay_config_composes_components_and_places_outputs_by_experiment_and_t
         ("rollout.group_size=0", "rollout: group_size and batch_size must be >= 1"),
         ("sft.epochs=0", "sft: epochs and rows_per_step must be >= 1"),
         ("eval.every=-1", "eval: every must be >= 0"),
+        ("eval.sampled=-2", "eval: sampled must be >= 0"),
         ("nonsense=1", "nonsense: unknown key (known: "),
         ("train", "expected dotted.key=value"),
     ],

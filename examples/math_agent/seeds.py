@@ -47,6 +47,9 @@ class SeedRun:
     """Grown groups that ended with a spread of rewards."""
     baseline_groups: int = 0
     """Uniform groups trained against their form's running mean (`rollout.baseline_by`)."""
+    sampled_before: float | None = None
+    """Held-out reward before RL at the training settings (`eval.sampled` episodes a question)."""
+    sampled_after: float | None = None
 
     @property
     def lift(self) -> float | None:
@@ -54,6 +57,13 @@ class SeedRun:
         if self.before is None or self.after is None:
             return None
         return self.after - self.before
+
+    @property
+    def sampled_lift(self) -> float | None:
+        """The same lift at the training settings, where `eval.sampled` was set."""
+        if self.sampled_before is None or self.sampled_after is None:
+            return None
+        return self.sampled_after - self.sampled_before
 
 
 def split_seeds(argv: list[str]) -> tuple[list[int], list[str]]:
@@ -92,7 +102,9 @@ def read_run(seed: int, returncode: int, wall_s: float, metrics: Path) -> SeedRu
         discarded_groups=int(last.get("discarded_groups", 0)),
         grown_groups=int(last.get("grown_groups", 0)),
         grown_signal_groups=int(last.get("grown_signal_groups", 0)),
-        baseline_groups=int(last.get("baseline_groups", 0)))
+        baseline_groups=int(last.get("baseline_groups", 0)),
+        sampled_before=get("eval_reward_before_sampled"),
+        sampled_after=get("eval_reward_after_sampled"))
 
 
 def table(runs: list[SeedRun]) -> str:
@@ -100,13 +112,17 @@ def table(runs: list[SeedRun]) -> str:
     def f(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.3f}"
 
-    lines = ["| seed | base | before RL | after RL | lift | tool-call rate before → after | "
+    lines = ["| seed | base | before RL | after RL | lift | sampled before → after (lift) | "
+             "tool-call rate before → after | "
              "steps | batches w/o signal | groups set aside | groups discarded | "
              "groups grown → with signal | uniform groups trained vs record | wall min | exit |",
-             "| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: "
-             "| ---: | ---: |"]
+             "| ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- "
+             "| ---: | ---: | ---: |"]
     for r in runs:
+        sampled = ("n/a" if r.sampled_lift is None else
+                   f"{f(r.sampled_before)} → {f(r.sampled_after)} ({r.sampled_lift:+.3f})")
         lines.append(f"| {r.seed} | {f(r.base)} | {f(r.before)} | {f(r.after)} | {f(r.lift)} | "
+                     f"{sampled} | "
                      f"{f(r.tool_rate_before)} → {f(r.tool_rate_after)} | {r.steps} | "
                      f"{r.batches_without_signal} | {r.set_aside_groups} | "
                      f"{r.discarded_groups} | {r.grown_groups} → {r.grown_signal_groups} | "
@@ -118,6 +134,12 @@ def table(runs: list[SeedRun]) -> str:
         spread = statistics.stdev(lifts) if len(lifts) > 1 else 0.0
         lines.append(f"\nRL lift over {len(lifts)} of {len(runs)} runs: mean {statistics.mean(lifts):+.3f}"
                      f", sample std {spread:.3f}, min {min(lifts):+.3f}, max {max(lifts):+.3f}")
+    sampled = [r.sampled_lift for r in runs if r.sampled_lift is not None]
+    if sampled:
+        spread = statistics.stdev(sampled) if len(sampled) > 1 else 0.0
+        lines.append(f"Sampled lift (training settings) over {len(sampled)} runs: mean "
+                     f"{statistics.mean(sampled):+.3f}, sample std {spread:.3f}, "
+                     f"min {min(sampled):+.3f}, max {max(sampled):+.3f}")
     return "\n".join(lines)
 
 
@@ -140,8 +162,8 @@ def main(argv: list[str]) -> list[SeedRun]:
     print(report, flush=True)
     out = Path(cfg.fileroot) / cfg.experiment_name / f"{cfg.trial_name}-seeds"
     out.with_suffix(".md").write_text(report + "\n")
-    out.with_suffix(".json").write_text(json.dumps([asdict(r) | {"lift": r.lift} for r in runs],
-                                                   indent=2))
+    out.with_suffix(".json").write_text(json.dumps(
+        [asdict(r) | {"lift": r.lift, "sampled_lift": r.sampled_lift} for r in runs], indent=2))
     return runs
 
 

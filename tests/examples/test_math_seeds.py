@@ -23,7 +23,8 @@ def _write_run(logs: Path, before: float, after: float, skipped: int) -> Path:
                           "baseline_groups": 5.0 * step})
     logger.log(2, {"eval_before_step": 0, "eval_reward_base": 0.1, "eval_reward_before": before,
                    "eval_reward_after": after, "eval_tool_call_rate_before": 0.4,
-                   "eval_tool_call_rate_after": 0.9})
+                   "eval_tool_call_rate_after": 0.9, "eval_reward_before_sampled": before / 2,
+                   "eval_reward_after_sampled": after / 2 + 0.1})
     logger.close()
     return logs / "metrics.jsonl"
 
@@ -49,3 +50,6 @@ def test_runs_are_read_back_and_the_lift_is_averaged_over_every_run(tmp_path: Pa
     assert "RL lift over 3 of 4 runs: mean +0.200, sample std 0.173" in report
     assert report.count("\n| ") == 5  # header separator, 3 runs and the crashed one
     assert "| 8 → 2 | 10 |" in report
+    assert runs[0].sampled_lift == pytest.approx(0.25) and crashed.sampled_lift is None
+    assert "| 0.150 → 0.400 (+0.250) |" in report
+    assert "Sampled lift (training settings) over 3 runs: mean +0.200" in report

@@ -181,6 +181,49 @@ def test_held_out_episodes_run_as_many_at_once_as_eval_max_concurrent_says(
     assert most == 5  # not the 2 of the RL rollouts, not all 7
 
 
+@dataclass
+class KwargsRecordingServices(InProcessServices):
+    """InProcessServices that also remember each controller's workflow kwargs and item count."""
+
+    calls: list[tuple[dict[str, Any] | None, int]] = field(default_factory=list)
+
+    def batches(self, workflow: Any, workflow_kwargs: dict[str, Any] | None,
+                dataset: Sequence[dict[str, Any]], rollout: RolloutConfig,
+                version_fn: Callable[[], int]) -> RolloutController:
+        self.calls.append((workflow_kwargs, len(dataset)))
+        return super().batches(workflow, workflow_kwargs, dataset, rollout, version_fn)
+
+
+@pytest.mark.slow
+def test_eval_sampled_runs_each_item_n_times_at_the_training_settings_before_and_after_rl(
+        tmp_path: Path, tiny_llama_dir: str) -> None:
+    from relayrl.train.config import EvalConfig
+
+    cfg = replace(_tiny_run(tmp_path, tiny_llama_dir, "s"), eval=EvalConfig(sampled=3))
+    services = KwargsRecordingServices()
+    held_out = [{"q": i} for i in range(4)]
+    train, greedy = {"temperature": 1.0}, {"temperature": 0.0}
+    result = PPOTrainer(cfg, [{"q": 1}, {"q": 2}], held_out,
+                        launcher=_handing(services)).train(TwoTurnWorkflow(), train, greedy)
+    evals = [c for c in services.calls if c[1] != 2]  # the RL rollouts hold the 2 train items
+    assert evals == [(greedy, 4), (train, 12), (greedy, 4), (train, 12)]
+    for sampled in (result.eval_before_sampled, result.eval_after_sampled):
+        assert sampled is not None and sampled.episodes == 12
+        assert sampled.mean_reward == pytest.approx(0.5)  # an eval episode's last turn reward
+    assert "(sampled 0.500 -> 0.500)" in result.summary()
+    final = json.loads((cfg.log_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert final["eval_reward_before_sampled"] == pytest.approx(0.5)
+    assert "eval_reward_after_sampled_se" in final
+
+    plain = replace(cfg, trial_name="plain", eval=EvalConfig())
+    quiet = KwargsRecordingServices()
+    result = PPOTrainer(plain, [{"q": 1}, {"q": 2}], held_out,
+                        launcher=_handing(quiet)).train(TwoTurnWorkflow(), train, greedy)
+    assert result.eval_before_sampled is None and result.eval_after_sampled is None
+    assert [c for c in quiet.calls if c[1] != 2] == [(greedy, 4), (greedy, 4)]
+    assert "(sampled" not in result.summary()
+
+
 def test_rows_from_a_tensor_dict_keep_turns_and_name_missing_fields() -> None:
     td = make_td(1, 8, reward=2.0, prompt_len=2)
     td["loss_mask"][0, 4:6] = 0  # two turns: [2, 4) and [6, 8)

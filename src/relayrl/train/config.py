@@ -89,10 +89,13 @@ class EvalConfig:
     base: bool = False                        # also evaluate the model as loaded, before the SFT warm-start
     max_concurrent: int | None = None         # held-out episodes run at once; None = rollout.max_concurrent_rollouts
     workflow_kwargs: dict[str, Any] = field(default_factory=dict)  # agent kwargs for eval (e.g. temperature 0)
+    sampled: int = 0                          # also run each item this many times with the training workflow_kwargs, before and after RL; 0 = off
 
     def __post_init__(self) -> None:
         if self.every < 0:
             raise ConfigError(f"every must be >= 0, got {self.every}")
+        if self.sampled < 0:
+            raise ConfigError(f"sampled must be >= 0, got {self.sampled}")
         if self.max_concurrent is not None and self.max_concurrent < 1:
             raise ConfigError(f"max_concurrent must be >= 1 or null, got {self.max_concurrent}")
 

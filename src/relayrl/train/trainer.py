@@ -82,6 +82,10 @@ class TrainResult:
     wall_s: float
     workflow_counters: dict[str, float] = field(default_factory=dict)
     """The training workflow's cumulative counters at the last step (e.g. mask checks)."""
+    eval_before_sampled: EvalResult | None = None
+    """Held-out reward before RL over `eval.sampled` episodes per item at the training settings."""
+    eval_after_sampled: EvalResult | None = None
+    """The same after RL."""
 
     def summary(self) -> str:
         """One line: what improved, in how long, and where the results are."""
@@ -94,8 +98,10 @@ class TrainResult:
         base = f"base {r(self.eval_base)} -> " if self.eval_base is not None else ""
         counters = (f"; workflow {_counters_text(self.workflow_counters)}"
                     if self.workflow_counters else "")
+        sampled = (f" (sampled {r(self.eval_before_sampled)} -> {r(self.eval_after_sampled)})"
+                   if (self.eval_before_sampled, self.eval_after_sampled) != (None, None) else "")
         return (f"relayrl: held-out reward {base}before RL {r(self.eval_before)} -> after RL "
-                f"{r(self.eval_after)}, tool-call rate {t(self.eval_before)} -> "
+                f"{r(self.eval_after)}{sampled}, tool-call rate {t(self.eval_before)} -> "
                 f"{t(self.eval_after)}, in {self.steps} steps, {self.wall_s / 60:.1f} min; "
                 f"checkpoint {self.checkpoint}; plot {self.plot}{counters}")
 
@@ -150,7 +156,19 @@ class PPOTrainer:
         fresh = actor.step == 0
         eval_kwargs = eval_workflow_kwargs or workflow_kwargs
         run = _Run(cfg, actor, await self.launcher(actor))
-        base = None
+        base = before_sampled = after_sampled = None
+
+        async def sampled(tag: str) -> EvalResult | None:
+            # The greedy eval scores a form's near-identical questions alike, so it moves in
+            # steps of whole forms; the policy as RL samples it shows the mean RL raises. No
+            # dumps: their task ids would replace the greedy eval's files of the same version.
+            if not cfg.eval.sampled or not self.eval_dataset:
+                return None
+            items = [item for item in self.eval_dataset for _ in range(cfg.eval.sampled)]
+            return await run.evaluate(workflow, workflow_kwargs, items,
+                                      f"{tag}, {cfg.eval.sampled} sampled a question",
+                                      dump=False)
+
         logger = MetricsLogger(cfg.log_dir)
         try:
             if fresh and cfg.sft.data:
@@ -169,6 +187,7 @@ class PPOTrainer:
                     start()
                 before = await run.evaluate(workflow, eval_kwargs, self.eval_dataset,
                                             "before RL")
+                before_sampled = await sampled("before RL")
                 before_step = actor.step
                 await run.loop(rollouts, logger, evaluate=lambda: run.evaluate(
                     workflow, eval_kwargs, self.eval_dataset, f"at step {actor.step}"))
@@ -177,13 +196,16 @@ class PPOTrainer:
             saving = asyncio.get_running_loop().run_in_executor(
                 run.update_thread, actor.save_checkpoint, cfg.checkpoint_dir)
             after = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "after RL")
+            after_sampled = await sampled("after RL")
             checkpoint = await saving
         finally:
             run.update_thread.shutdown(wait=False)
             await run.services.aclose()
         if isinstance(actor, DistributedActor):
             actor.stop_followers()  # (on an error the launcher stops them instead)
-        evals = {"eval_reward_base": base, "eval_reward_before": before, "eval_reward_after": after}
+        evals = {"eval_reward_base": base, "eval_reward_before": before, "eval_reward_after": after,
+                 "eval_reward_before_sampled": before_sampled,
+                 "eval_reward_after_sampled": after_sampled}
         final = {"eval_before_step": before_step,
                  **{k: v.mean_reward for k, v in evals.items() if v is not None},
                  **_eval_extras(evals)}
@@ -196,7 +218,7 @@ class PPOTrainer:
         logger.close()
         return TrainResult(actor.step, checkpoint, base, before, after, plot,
                            cfg.log_dir / "metrics.jsonl", time.perf_counter() - started,
-                           dict(run.workflow_counters))
+                           dict(run.workflow_counters), before_sampled, after_sampled)
 
     def _make_actor(self) -> Actor:
         cfg = self.config
