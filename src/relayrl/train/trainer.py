@@ -159,14 +159,16 @@ class PPOTrainer:
         base = before_sampled = after_sampled = None
 
         async def sampled(tag: str) -> EvalResult | None:
-            # The greedy eval scores a form's near-identical questions alike, so it moves in
-            # steps of whole forms; the policy as RL samples it shows the mean RL raises. No
-            # dumps: their task ids would replace the greedy eval's files of the same version.
-            if not cfg.eval.sampled or not self.eval_dataset:
+            # A greedy eval follows each item's one most likely path, so items alike pass or fail
+            # together and the mean moves in large steps; sampled at the training settings it
+            # follows the mean reward RL raises. No dumps: their task ids would replace the
+            # greedy eval's files of the same version.
+            n = cfg.eval.sampled
+            if not n or not self.eval_dataset:
                 return None
-            items = [item for item in self.eval_dataset for _ in range(cfg.eval.sampled)]
+            items = [item for item in self.eval_dataset for _ in range(n)]
             return await run.evaluate(workflow, workflow_kwargs, items,
-                                      f"{tag}, {cfg.eval.sampled} sampled a question",
+                                      f"{tag}, {n} samples a question at the training settings",
                                       dump=False)
 
         logger = MetricsLogger(cfg.log_dir)
