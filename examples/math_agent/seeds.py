@@ -50,6 +50,7 @@ class SeedRun:
     sampled_before: float | None = None
     """Held-out reward before RL at the training settings (`eval.sampled` episodes a question)."""
     sampled_after: float | None = None
+    """The same after RL."""
 
     @property
     def lift(self) -> float | None:

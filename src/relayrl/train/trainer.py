@@ -99,7 +99,7 @@ class TrainResult:
         counters = (f"; workflow {_counters_text(self.workflow_counters)}"
                     if self.workflow_counters else "")
         sampled = (f" (sampled {r(self.eval_before_sampled)} -> {r(self.eval_after_sampled)})"
-                   if (self.eval_before_sampled, self.eval_after_sampled) != (None, None) else "")
+                   if self.eval_before_sampled or self.eval_after_sampled else "")
         return (f"relayrl: held-out reward {base}before RL {r(self.eval_before)} -> after RL "
                 f"{r(self.eval_after)}{sampled}, tool-call rate {t(self.eval_before)} -> "
                 f"{t(self.eval_after)}, in {self.steps} steps, {self.wall_s / 60:.1f} min; "
