@@ -20,9 +20,9 @@ Measured, with torch on 2 threads, on the default model:
      (every row starts with one 313-token system prompt with tool schemas, each group of 8
      with its own 20-token question, then a tool call, its result and an answer), updated with
      `share_prefix` off (each row runs its whole prompt) and on (a micro-batch runs its rows'
-     common prefix once), and on with the kernels of 2026-11-24 (transformers' SDPA, the
-     autograd head: what `relayrl.train.attention` and `relayrl.train.head` replaced),
-     interleaved.
+     common prefix once), on with the kernels of 2026-11-24 (transformers' SDPA, the
+     autograd head: what `relayrl.train.attention` and `relayrl.train.head` replaced), and the
+     update as issue 14 found it (the former autocast path with those kernels), interleaved.
   2. The same 5-turn episodes exported both ways: `concat` (one row per episode, the model's
      own samples trained in place) and `individual` (one row per call, each repeating the whole
      prefix). Sessions are built as the gateway builds them (`Session.locate`, extended prompt,
@@ -123,6 +123,10 @@ def synthetic_row(i: int, length: int, vocab: int, rng: random.Random) -> Trajec
         turn_rewards=[float(i % 2)] * n_turns,
     )
 
+
+ISSUE_14 = "bf16 autocast, 2026-11-24 kernels"
+"""Part 1c's arm for the update as issue 14 found it: autocast over fp32 weights, no length
+buckets, no shared prefixes, per-tensor AdamW, transformers' SDPA and the autograd head."""
 
 SYSTEM, QUESTION, GROUP, CALL = 313, 20, 8, 35
 """Part 1c: a shared system prompt, a question per group (333 prompt tokens, as `PROMPT`), rows
@@ -281,11 +285,14 @@ def autograd_head(hidden_N_H: torch.Tensor, weight_V_H: torch.Tensor,
     return logits_N_V.gather(-1, targets_N[:, None])[:, 0] - logits_N_V.logsumexp(-1)
 
 
-def former_kernels(path: str, cfg: TrainConfig) -> Callable[[TrainBatch], Callable[[], dict[str, float]]]:
+def former_kernels(path: str, cfg: TrainConfig, unfused_adamw: bool = False,
+                   ) -> Callable[[TrainBatch], Callable[[], dict[str, float]]]:
     """An actor with the kernels of 2026-11-24 (transformers' SDPA, which copies each key/value
     head per query head under a mask, and `autograd_head`); returns its update-fn maker."""
     with mock.patch.object(attention, "resolve", lambda impl, device: impl):
         actor = Actor(path, cfg)
+    if unfused_adamw:
+        actor.optimizer = torch.optim.AdamW(actor.model.parameters(), lr=cfg.lr, fused=False)
 
     def make(batch: TrainBatch) -> Callable[[], dict[str, float]]:
         fn = update_fn(actor, batch, cfg)
@@ -452,7 +459,7 @@ def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
         *breakdown_table(parts),
     ]
     if shared:
-        former, off, kernels, on = shared
+        filed, former, off, kernels, on = shared
         lines += [
             "",
             "### Shared prefixes: agent episodes of GRPO groups",
@@ -463,9 +470,11 @@ def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
             "result and template, and an answer of the rest (the two replies trained; rewards "
             "0/1 alternating). "
             "bf16 update with `share_prefix` off (every row runs its whole prompt) and on (the "
-            "default: a micro-batch's rows run their common prefix once), and the former path "
-            "(`bf16 autocast`, no shared prefixes) and the default with the kernels it had "
-            "before 2026-11-25, on the same rows, interleaved. Model FLOPs "
+            "default: a micro-batch's rows run their common prefix once), the former path "
+            "(`bf16 autocast`, no shared prefixes), the default with the kernels it had "
+            "before 2026-11-25, and the update as issue 14 found it (`bf16 autocast, 2026-11-24 "
+            "kernels`: the former path with those kernels too), on the same rows, interleaved. "
+            "Model FLOPs "
             "count the forward tokens each path actually runs.",
             "",
             *throughput_table(shared, peaks),
@@ -476,7 +485,9 @@ def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
             "2026-11-24 kernels (transformers' SDPA copying each key/value head per query head "
             "under the prefix's mask, and the head's logprobs through autograd's logsumexp, as "
             f"before `relayrl.train.attention` and `relayrl.train.head`): "
-            f"{kernels.seconds / on.seconds:.2f}x faster update.",
+            f"{kernels.seconds / on.seconds:.2f}x faster update; on / the update as issue 14 "
+            f"found it: {filed.seconds / on.seconds:.2f}x faster update "
+            f"({on.real_tokens / on.seconds:.0f} vs {filed.real_tokens / filed.seconds:.0f} tokens/s).",
         ]
     if packing is not None:
         concat, indiv = packing
@@ -534,7 +545,7 @@ def main() -> None:
     episodes = episode_batches(args.episodes, vocab)
     rounds = args.repeats + 1
     total = 2 + rounds * (len(actors) + 6 + (0 if args.no_packing else 2)
-                          + (0 if args.no_shared else 4))
+                          + (0 if args.no_shared else 5))
     with tqdm(total=total, desc="bench_train", unit="step") as bar:
         bar.set_postfix_str("matmul peaks")
         peaks = {"bf16": matmul_peak_gflops(torch.bfloat16), "fp32": matmul_peak_gflops(torch.float32)}
@@ -560,12 +571,14 @@ def main() -> None:
             unshared_cfg = TrainConfig(share_prefix=False)
             unshared = Actor(path, unshared_cfg)
             former = former_kernels(path, cfg)
-            arms = {"bf16 autocast": update_fn(old, agents, before),
+            filed = former_kernels(path, before, unfused_adamw=True)
+            arms = {ISSUE_14: filed(agents),
+                    "bf16 autocast": update_fn(old, agents, before),
                     "bf16 share_prefix off": update_fn(unshared, agents, unshared_cfg),
                     "bf16 share_prefix on, 2026-11-24 kernels": former(agents),
                     "bf16 share_prefix on": update_fn(actors["bf16"], agents, cfg)}
             best = interleaved(arms, args.repeats, bar)
-            del unshared, former
+            del unshared, former, filed
             shared = [result(k, agents, *best[k], *params) for k in arms]
         actors.pop("bf16 autocast")
         del old
