@@ -8,6 +8,7 @@ reward wrapper, which keeps the (synchronous) grader off the event loop.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 from typing import Any
@@ -54,12 +55,36 @@ def operations(question: str) -> int:
     return len(re.findall(r"[+*]", question.split("?", 1)[0]))
 
 
+_TOOL_OF = {ast.Add: "add", ast.Mult: "multiply"}
+
+
+def plan(question: str) -> list[str]:
+    """The tools the question's expression needs, in the order it is evaluated ([] if unparsable)."""
+    expression = question.split("?", 1)[0].removeprefix("What is").strip()
+    try:
+        tree = ast.parse(expression, mode="eval").body
+    except SyntaxError:
+        return []
+    steps: list[str] = []
+
+    def walk(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return True
+        if (isinstance(node, ast.BinOp) and type(node.op) in _TOOL_OF
+                and walk(node.left) and walk(node.right)):
+            steps.append(_TOOL_OF[type(node.op)])
+            return True
+        return False
+
+    return steps if walk(tree) else []
+
+
 class MathAgent:
     """Solves one arithmetic question with tools; `run` returns its reward."""
 
     def __init__(self, model: str = "default", max_tokens: int = 96, max_turns: int = 6,
                  temperature: float = 1.0, unanswered_reward: float = 0.0,
-                 call_bonus: float = 0.0) -> None:
+                 call_bonus: float = 0.0, plan_bonus: float = 0.0) -> None:
         self.model = model
         self.max_tokens = max_tokens
         self.max_turns = max_turns
@@ -72,6 +97,10 @@ class MathAgent:
         # call per operation of the question, right answer or not, so a group that fails alike
         # still says "one call for `a * b`, two for `(a + b) * c`" (benchmarks/RESULTS.md).
         self.call_bonus = call_bonus
+        # Task-specific shaping, off by default: added when the tools called, in order, are the
+        # question's plan (`(a + b) * c`: add, then multiply), right answer or not; unlike the
+        # call count it does not pay `a * b * c` solved as multiply-then-add.
+        self.plan_bonus = plan_bonus
         self.reward = AsyncRewardWrapper(check_answer, timeout_s=5.0)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
@@ -103,8 +132,14 @@ class MathAgent:
                 # an event loop that `asyncio.run` has already closed
                 await client.close()
         reward = await self.reward(str(result.final_output), data["answer"])
+        question = str(data["messages"][-1]["content"])
         if self.call_bonus:
             calls = sum(isinstance(item, ToolCallItem) for item in result.new_items)
-            if calls == operations(str(data["messages"][-1]["content"])):
+            if calls == operations(question):
                 reward += self.call_bonus
+        if self.plan_bonus:
+            called = [getattr(item.raw_item, "name", None) for item in result.new_items
+                      if isinstance(item, ToolCallItem)]
+            if called and called == plan(question):
+                reward += self.plan_bonus
         return reward

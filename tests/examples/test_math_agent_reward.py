@@ -85,3 +85,36 @@ async def test_the_call_bonus_goes_to_one_call_per_operation_only(model_dir: str
 
     assert await _reward(model_dir, twice, call_bonus=0.25) == 1.0
     assert await _reward(model_dir, lambda r: "The answer is 8.", call_bonus=0.25) == 0.0
+
+
+def test_plan_follows_evaluation_order() -> None:
+    assert agent_module.plan(TASK["messages"][0]["content"]) == ["add"]
+    assert agent_module.plan("What is (2 + 3) * 4? Use add and multiply.") == ["add", "multiply"]
+    assert agent_module.plan("What is 2 * 3 + 4? x") == ["multiply", "add"]
+    assert agent_module.plan("What is 2 + 3 * 4? x") == ["multiply", "add"]
+    assert agent_module.plan("What is 2 * 3 * 4? x") == ["multiply", "multiply"]
+    assert agent_module.plan("What is 2 - 3? x") == []
+    assert agent_module.plan("What is the time? x") == []
+
+
+async def test_the_plan_bonus_goes_to_the_plan_s_tools_in_order_only(model_dir: str) -> None:
+    right = teacher.teacher_script(model_dir)
+    assert await _reward(model_dir, right, plan_bonus=0.25) == 1.25
+    assert await _reward(model_dir, right) == 1.0  # off by default
+
+    decode = teacher._decode_fn(model_dir)
+
+    def multiply_first(request: GenerateRequest) -> str:
+        if teacher.TOOL_RESPONSE.findall(decode(list(request.prompt_ids))):
+            return teacher.answer_text(7.0)
+        return teacher.tool_call_text("multiply", {"a": 3, "b": 4})
+
+    assert await _reward(model_dir, multiply_first, plan_bonus=0.25) == 1.0
+
+    def right_tool_wrong_answer(request: GenerateRequest) -> str:
+        if teacher.TOOL_RESPONSE.findall(decode(list(request.prompt_ids))):
+            return teacher.answer_text(8.0)
+        return teacher.tool_call_text("add", {"a": 3, "b": 4})
+
+    assert await _reward(model_dir, right_tool_wrong_answer, plan_bonus=0.25) == 0.25
+    assert await _reward(model_dir, lambda r: "The answer is 8.", plan_bonus=0.25) == 0.0
