@@ -104,17 +104,15 @@ async def test_the_plan_bonus_goes_to_the_plan_s_tools_in_order_only(model_dir: 
 
     decode = teacher._decode_fn(model_dir)
 
-    def multiply_first(request: GenerateRequest) -> str:
-        if teacher.TOOL_RESPONSE.findall(decode(list(request.prompt_ids))):
-            return teacher.answer_text(7.0)
-        return teacher.tool_call_text("multiply", {"a": 3, "b": 4})
+    def one_call(tool: str, answer: float) -> Callable[[GenerateRequest], str]:
+        """A script that calls `tool` on 3 and 4 once, then answers `answer`."""
+        def script(request: GenerateRequest) -> str:
+            if teacher.TOOL_RESPONSE.findall(decode(list(request.prompt_ids))):
+                return teacher.answer_text(answer)
+            return teacher.tool_call_text(tool, {"a": 3, "b": 4})
+        return script
 
-    assert await _reward(model_dir, multiply_first, plan_bonus=0.25) == 1.0
-
-    def right_tool_wrong_answer(request: GenerateRequest) -> str:
-        if teacher.TOOL_RESPONSE.findall(decode(list(request.prompt_ids))):
-            return teacher.answer_text(8.0)
-        return teacher.tool_call_text("add", {"a": 3, "b": 4})
-
-    assert await _reward(model_dir, right_tool_wrong_answer, plan_bonus=0.25) == 0.25
+    # the right number after the wrong tool: 1, no bonus; the right tool, a wrong number: the bonus
+    assert await _reward(model_dir, one_call("multiply", 7.0), plan_bonus=0.25) == 1.0
+    assert await _reward(model_dir, one_call("add", 8.0), plan_bonus=0.25) == 0.25
     assert await _reward(model_dir, lambda r: "The answer is 8.", plan_bonus=0.25) == 0.0
