@@ -15,7 +15,7 @@ import pytest
 
 from relayrl.chat.conversation import Conversation, Message, Tool, ToolCall
 from relayrl.chat.renderer import Renderer
-from relayrl.errors import InvalidRequest
+from relayrl.errors import ConfigError, InvalidRequest
 from relayrl.trajectory import read_jsonl
 from tests.examples import load_example
 
@@ -85,6 +85,18 @@ def test_committed_files_are_the_generators_output_and_eval_is_held_out() -> Non
     assert len(train_keys) == len(train) and len(eval_keys) == len(held_out)
     assert not train_keys & eval_keys
     assert {_form(t) for t in held_out} == {_form(t) for t in train}
+
+
+def test_a_balanced_train_mix_keeps_the_eval_set_and_draws_one_call_forms_half_the_time() -> None:
+    train, held_out = tasks.split_tasks(256, 48, seed=0, train_mix="balanced")
+    assert held_out == _jsonl("eval.jsonl")
+    one_call = sum(t["form"] in ("add", "multiply") for t in train)
+    assert one_call == len(train) // 2 == 128
+    assert {t["form"] for t in train} == {f.name for f in tasks.FORMS}
+    assert not {_key(t) for t in train} & {_key(t) for t in held_out}
+    assert len({_key(t) for t in train}) == len(train)
+    with pytest.raises(ConfigError, match="unknown train mix"):
+        tasks.split_tasks(8, 8, train_mix="heavy")
 
 
 def test_every_answer_agrees_with_the_teachers_own_computation() -> None:
