@@ -29,7 +29,8 @@ def signed_batch(actor: Actor, seed: int = 0) -> tuple[TrainBatch, torch.Tensor]
     return batch, adv_B_T
 
 
-def step_gradients(actor: Actor, batch: TrainBatch, adv: torch.Tensor) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+def step_gradients(actor: Actor, batch: TrainBatch, adv: torch.Tensor,
+                   replay: TrainBatch | None = None) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """Run `update`, capturing the (clipped) gradients the optimizer step sees."""
     captured: dict[str, torch.Tensor] = {}
     original = actor.optimizer.step
@@ -40,7 +41,7 @@ def step_gradients(actor: Actor, batch: TrainBatch, adv: torch.Tensor) -> tuple[
         original(*args, **kwargs)  # type: ignore[arg-type]
 
     actor.optimizer.step = step  # type: ignore[method-assign]
-    return actor.update(batch, adv), captured
+    return actor.update(batch, adv, replay=replay), captured
 
 
 @pytest.mark.parametrize("agg", ["token", "seq-mean-token-mean"])
@@ -78,6 +79,48 @@ def test_a_batch_with_nothing_to_train_takes_no_step(tiny_llama_dir: str) -> Non
     empty = TrainBatch(**{**batch.__dict__, "loss_mask_B_T": torch.zeros_like(batch.loss_mask_B_T)})
     assert actor.update(empty, adv)["n_tokens"] == 0
     assert (actor.step, actor.version) == (0, 0)
+
+
+def test_a_replayed_sft_batch_adds_its_weighted_nll_gradient_to_the_rl_step(
+    tiny_llama_dir: str,
+) -> None:
+    # PPO-ptx: the step's gradient is the RL loss's plus coef x the replay's mean-token NLL's
+    cfg = TrainConfig(bf16=False, grad_clip=0.0, sft_replay_coef=0.5)
+    plain, mixed = Actor(tiny_llama_dir, cfg), Actor(tiny_llama_dir, cfg)
+    batch, adv = signed_batch(plain)
+    replay = random_batch([12, 7], vocab=plain.model.config.vocab_size, seed=5)
+    rl_metrics, rl_grads = step_gradients(plain, batch, adv)
+    metrics, grads = step_gradients(mixed, batch, adv, replay=replay)
+    assert "sft_replay_loss" not in rl_metrics
+    assert metrics["loss"] == pytest.approx(rl_metrics["loss"], rel=1e-5)
+
+    reference = Actor(tiny_llama_dir, cfg)
+    reference.optimizer.zero_grad(set_to_none=True)
+    mb_logprobs = [reference.token_logprobs(reference.model, mb)
+                   for mb in reference.micro_batches(replay)]
+    nll = -torch.cat(mb_logprobs).sum() / replay.num_trained_tokens
+    nll.backward()
+    assert metrics["sft_replay_loss"] == pytest.approx(float(nll.detach()), rel=1e-5)
+    assert float(nll.detach()) > 1.0  # random tokens: the tiny model is far from imitating them
+    for name, param in reference.model.named_parameters():
+        expected = rl_grads[name] + 0.5 * param.grad
+        scale = float(expected.abs().max())
+        assert torch.allclose(grads[name], expected, rtol=1e-4, atol=1e-5 * scale), name
+    assert any(not torch.allclose(grads[n], rl_grads[n]) for n in grads)
+
+
+def test_a_replay_is_ignored_when_its_weight_is_zero_and_skipped_with_an_empty_step(
+    tiny_llama_dir: str,
+) -> None:
+    off = Actor(tiny_llama_dir, TrainConfig(bf16=False))
+    batch, adv = signed_batch(off)
+    replay = random_batch([12, 7], vocab=off.model.config.vocab_size, seed=5)
+    assert "sft_replay_loss" not in off.update(batch, adv, replay=replay)
+    on = Actor(tiny_llama_dir, TrainConfig(bf16=False, sft_replay_coef=1.0))
+    empty = TrainBatch(**{**batch.__dict__, "loss_mask_B_T": torch.zeros_like(batch.loss_mask_B_T)})
+    metrics = on.update(empty, adv, replay=replay)
+    assert metrics["n_tokens"] == 0 and "sft_replay_loss" not in metrics
+    assert (on.step, on.version) == (0, 0)
 
 
 def test_kl_to_the_reference_starts_at_zero_and_grows_once_the_policy_moves(

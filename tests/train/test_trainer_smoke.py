@@ -27,6 +27,10 @@ def test_the_example_config_loads_and_bad_overrides_name_their_key() -> None:
         load_config(RelayConfig, CONFIG, ["train.kl_reference=sft"])
     with pytest.raises(ConfigError, match="world_size=1"):
         load_config(RelayConfig, CONFIG, ["train.kl_reference=warm_start", "train.world_size=2"])
+    with pytest.raises(ConfigError, match="sft_replay_coef > 0 needs world_size=1"):
+        load_config(RelayConfig, CONFIG, ["train.sft_replay_coef=0.5", "train.world_size=2"])
+    with pytest.raises(ConfigError, match="sft_replay_coef must be >= 0"):
+        load_config(RelayConfig, CONFIG, ["train.sft_replay_coef=-1"])
 
 
 @pytest.mark.slow
@@ -47,6 +51,7 @@ def test_relayrl_train_runs_steps_and_writes_checkpoint_metrics_and_plot(tmp_pat
         "train.drop_uniform_groups=false",  # every batch then takes a step: 2 steps exactly
         "eval.every=1",
         "train.kl_coef=0.05", "train.kl_reference=warm_start",
+        "train.sft_replay_coef=0.5", "train.sft_replay_rows=3",  # PPO-ptx on the traces
         f"data.train={ROOT / 'examples' / 'math_agent' / 'train.jsonl'}",
         f"data.eval={ROOT / 'examples' / 'math_agent' / 'eval.jsonl'}",
     ]
@@ -63,6 +68,8 @@ def test_relayrl_train_runs_steps_and_writes_checkpoint_metrics_and_plot(tmp_pat
     assert (run / "checkpoints" / "warm_start" / "config.json").exists()
     kl = {m["step"]: m["ref_kl"] for m in lines if "ref_kl" in m}
     assert kl[1] == pytest.approx(0.0, abs=1e-6) and kl[2] > 0
+    replay = [m["sft_replay_loss"] for m in lines if "sft_replay_loss" in m]
+    assert len(replay) == 2 and all(0 < x < 20 for x in replay)
     assert any("eval_reward_after" in m for m in lines)
     # eval.every=1: step 1 is evaluated in the loop; step 2's weights only once, after RL
     assert [m["step"] for m in lines if "eval_reward" in m] == [1, 2]

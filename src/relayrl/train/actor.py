@@ -318,6 +318,7 @@ class Actor:
         prox_logprobs_B_T: torch.Tensor | None = None,
         ref_logprobs_B_T: torch.Tensor | None = None,
         weights_B_T: torch.Tensor | None = None,
+        replay: TrainBatch | None = None,
     ) -> dict[str, float]:
         """One optimizer step on the batch's trained tokens; returns metrics.
 
@@ -327,6 +328,8 @@ class Actor:
         step on a batch). A batch with no trained token takes no step (`n_tokens` = 0).
         `weights_B_T` (default: `token_weights` of this batch) are the tokens' shares of the loss:
         a data-parallel rank passes its rows' shares of the global batch's loss.
+        `replay` (warm-up traces) adds `sft_replay_coef` times their mean token NLL to the same
+        step (PPO-ptx); it is skipped with the step when the RL batch has no trained token.
         """
         cfg = self.config
         started = time.perf_counter()
@@ -352,11 +355,23 @@ class Actor:
         metrics = self._across_ranks(metrics)
         if metrics["n_tokens"] == 0:
             return metrics
+        if replay is not None and cfg.sft_replay_coef > 0:
+            metrics["sft_replay_loss"] = self._replay_backward(replay, cfg.sft_replay_coef)
         metrics.update(self._optimizer_step())
         elapsed = time.perf_counter() - started
         metrics.update(update_s=elapsed, forward_tokens=float(padded_tokens),
                        tokens_per_s=padded_tokens / max(elapsed, 1e-9))
         return metrics
+
+    def _replay_backward(self, replay: TrainBatch, coef: float) -> float:
+        """Accumulate `coef` x the mean NLL of `replay`'s trained tokens; returns that NLL."""
+        n_tokens = max(replay.num_trained_tokens, 1)
+        total = 0.0
+        for mb in self.micro_batches(replay):
+            nll = -self.token_logprobs(self.model, mb).sum() / n_tokens
+            self.backward(coef * nll)
+            total += nll.item()
+        return total
 
     def _loss_inputs(
         self,

@@ -41,6 +41,8 @@ class TrainConfig:
     eps_clip_high: float = 0.28               # ratio may rise to 1 + this (DAPO's clip-higher keeps exploring)
     kl_coef: float = 0.0                      # weight of the k3 KL to the reference model; 0 loads no reference
     kl_reference: Literal["initial", "warm_start"] = "initial"  # the reference: the model as loaded, or the policy after the SFT warm-start (one rank)
+    sft_replay_coef: float = 0.0              # weight of an SFT loss on `sft_replay_rows` warm-up traces added to every RL step (PPO-ptx); 0 = off
+    sft_replay_rows: int = 4                  # warm-up traces drawn for each RL step's SFT loss (with sft_replay_coef > 0)
     loss_agg: LossAgg = "token"               # token: mean over all trained tokens; seq-mean-*: mean over rows
     off_policy: OffPolicy = "decoupled"       # correction for tokens sampled by older weights
     tis_cap: float = 2.0                      # tis: importance weights above this are truncated to it
@@ -58,12 +60,13 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         positive = ("lr", "micro_batch_tokens", "total_steps", "minibatches", "tis_cap",
-                    "world_size", "length_bucket")
+                    "world_size", "length_bucket", "sft_replay_rows")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         non_negative = ("warmup_steps", "weight_decay", "grad_clip", "eps_clip_low",
-                        "eps_clip_high", "kl_coef", "checkpoint_every", "keep_checkpoints")
+                        "eps_clip_high", "kl_coef", "checkpoint_every", "keep_checkpoints",
+                        "sft_replay_coef")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads must be >= 1 or null, got {self.num_threads}")
         for name in non_negative:
@@ -76,6 +79,10 @@ class TrainConfig:
         if self.kl_reference == "warm_start" and self.world_size > 1:
             # rank 0 alone runs the warm-start; the other ranks would score against another model
             raise ConfigError("kl_reference=warm_start needs world_size=1")
+        if self.sft_replay_coef > 0 and self.world_size > 1:
+            # the replayed rows would be drawn on rank 0 alone, and the other ranks' gradients
+            # would miss their share of the SFT loss
+            raise ConfigError("sft_replay_coef > 0 needs world_size=1")
         if self.behav_weight_cap is not None and self.behav_weight_cap <= 0:
             raise ConfigError(f"behav_weight_cap must be > 0 or null, got {self.behav_weight_cap}")
 

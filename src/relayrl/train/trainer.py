@@ -299,6 +299,8 @@ class _Run:
     workflow_counters: dict[str, float] = field(default_factory=dict)
     """The training controller's workflow counters as of the last batch."""
     update_thread: ThreadPoolExecutor = field(default_factory=_update_thread)
+    _replay_rows: list[Any] | None = None
+    _replay_rng: random.Random | None = None
 
     async def off_loop(self, phase: str, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` on the update thread with the phase's torch threads; the loop runs on."""
@@ -512,6 +514,23 @@ class _Run:
             if every and actor.step % every == 0 and actor.step < cfg.train.total_steps:
                 actor.save_checkpoint(cfg.checkpoint_dir)
 
+    def replay_batch(self) -> TrainBatch | None:
+        """`train.sft_replay_rows` warm-up traces for this step's SFT loss (None when it is off)."""
+        train, sft = self.cfg.train, self.cfg.sft
+        if train.sft_replay_coef <= 0:
+            return None
+        if self._replay_rows is None:
+            if not sft.data:
+                raise ConfigError("train.sft_replay_coef > 0 needs warm-up traces (sft.data)")
+            rows = list(read_jsonl(sft.data))
+            # the rows the warm-start imitated, so the replay anchors what it taught
+            self._replay_rows = rows[: sft.max_rows] if sft.max_rows else rows
+            self._replay_rng = random.Random(self.cfg.seed)
+        assert self._replay_rng is not None
+        picked = self._replay_rng.sample(self._replay_rows,
+                                         min(train.sft_replay_rows, len(self._replay_rows)))
+        return TrainBatch.from_rows(picked)
+
     async def step(self, batch: Batch,
                    rollouts_running: Callable[[], int] | None = None) -> dict[str, float]:
         """One RL step on a batch: advantages, update (off the event loop), push weights.
@@ -522,9 +541,10 @@ class _Run:
         started = time.perf_counter()
         tb = TrainBatch.from_row_batch(batch.rows)
         adv = compute_advantages(tb, self.cfg.train, batch.baselines)
+        update = functools.partial(self.actor.update, replay=self.replay_batch())
         # rollouts keep sampling with the old weights while the update runs in a thread
         async with self._lend_idle_engine_cores(rollouts_running) as lent:
-            metrics = await self.off_loop("rl", self.actor.update, adv.batch, adv.adv_B_T)
+            metrics = await self.off_loop("rl", update, adv.batch, adv.adv_B_T)
         metrics["update_lent_cores_s"] = lent.seconds
         if metrics.get("n_tokens", 0) == 0:
             # No signal (every group uniform): no optimizer step, but the version moves on, or
