@@ -211,8 +211,11 @@ class DistributedActor(Actor):
         prox_logprobs_B_T: torch.Tensor | None = None,
         ref_logprobs_B_T: torch.Tensor | None = None,
         weights_B_T: torch.Tensor | None = None,
+        replay: TrainBatch | None = None,
     ) -> dict[str, float]:
         """Rank 0: one optimizer step on the whole batch, shared among the ranks by groups."""
+        if replay is not None:  # TrainConfig refuses sft_replay_coef with world_size > 1
+            raise ConfigError("an SFT replay needs world_size=1")
         if not self.is_leader:
             raise RuntimeError("only rank 0 calls update(); the other ranks call follow()")
         if weights_B_T is None:  # shares of the global loss, whoever computes the token

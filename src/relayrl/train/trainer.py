@@ -541,7 +541,9 @@ class _Run:
         started = time.perf_counter()
         tb = TrainBatch.from_row_batch(batch.rows)
         adv = compute_advantages(tb, self.cfg.train, batch.baselines)
-        update = functools.partial(self.actor.update, replay=self.replay_batch())
+        replay = self.replay_batch()
+        update = (self.actor.update if replay is None
+                  else functools.partial(self.actor.update, replay=replay))
         # rollouts keep sampling with the old weights while the update runs in a thread
         async with self._lend_idle_engine_cores(rollouts_running) as lent:
             metrics = await self.off_loop("rl", update, adv.batch, adv.adv_B_T)
