@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from relayrl.config import RelayConfig
-from relayrl.errors import InvalidRequest
+from relayrl.errors import ConfigError, InvalidRequest
 from relayrl.rollout import RolloutConfig, RolloutController
 from relayrl.train.config import TrainConfig
 from relayrl.train.packing import TrainBatch
@@ -380,3 +380,12 @@ def test_uniform_groups_train_against_their_kinds_running_mean_through_the_train
     assert all(m["baseline_row_frac"] == 1.0 and m["adv_abs_mean"] == pytest.approx(1.0)
                for m in trained)
     assert trained[-1]["baseline_groups"] == 2
+
+
+def test_an_sft_replay_without_warm_up_traces_is_refused_before_the_run_starts(
+        tmp_path: Path, tiny_llama_dir: str) -> None:
+    cfg = _tiny_run(tmp_path, tiny_llama_dir, "r", train={"sft_replay_coef": 0.5})
+    services = InProcessServices()
+    with pytest.raises(ConfigError, match=r"sft_replay_coef > 0 needs warm-up traces"):
+        PPOTrainer(cfg, [{"q": 1}], launcher=_handing(services)).train(TwoTurnWorkflow())
+    assert services.engine.versions == [] and not cfg.log_dir.exists()

@@ -145,6 +145,8 @@ class PPOTrainer:
         """`train`, for callers already inside an event loop."""
         cfg = self.config
         started = time.perf_counter()
+        if cfg.train.sft_replay_coef > 0 and not cfg.sft.data:
+            raise ConfigError("train.sft_replay_coef > 0 needs warm-up traces (sft.data)")
         _seed_everything(cfg.seed)
         actor = self._make_actor()
         if isinstance(actor, DistributedActor):
@@ -520,7 +522,7 @@ class _Run:
         if train.sft_replay_coef <= 0:
             return None
         if self._replay_rows is None:
-            if not sft.data:
+            if not sft.data:  # (PPOTrainer checks this before its run starts)
                 raise ConfigError("train.sft_replay_coef > 0 needs warm-up traces (sft.data)")
             rows = list(read_jsonl(sft.data))
             # the rows the warm-start imitated, so the replay anchors what it taught
