@@ -356,18 +356,18 @@ class Actor:
         if metrics["n_tokens"] == 0:
             return metrics
         if replay is not None and cfg.sft_replay_coef > 0:
-            metrics["sft_replay_loss"] = self._replay_backward(replay, cfg.sft_replay_coef)
+            metrics["sft_replay_loss"] = self.nll_backward(replay, cfg.sft_replay_coef)
         metrics.update(self._optimizer_step())
         elapsed = time.perf_counter() - started
         metrics.update(update_s=elapsed, forward_tokens=float(padded_tokens),
                        tokens_per_s=padded_tokens / max(elapsed, 1e-9))
         return metrics
 
-    def _replay_backward(self, replay: TrainBatch, coef: float) -> float:
-        """Accumulate `coef` x the mean NLL of `replay`'s trained tokens; returns that NLL."""
-        n_tokens = max(replay.num_trained_tokens, 1)
+    def nll_backward(self, batch: TrainBatch, coef: float = 1.0) -> float:
+        """Accumulate gradients of `coef` x the mean NLL of `batch`'s trained tokens; returns the NLL."""
+        n_tokens = max(batch.num_trained_tokens, 1)
         total = 0.0
-        for mb in self.micro_batches(replay):
+        for mb in self.micro_batches(batch):
             nll = -self.token_logprobs(self.model, mb).sum() / n_tokens
             self.backward(coef * nll)
             total += nll.item()

@@ -23,12 +23,7 @@ def sft_step(actor: Actor, batch: TrainBatch, lr: float) -> dict[str, float]:
     """One optimizer step of token-level cross-entropy on the batch's masked tokens."""
     n_tokens = max(batch.num_trained_tokens, 1)
     actor.optimizer.zero_grad(set_to_none=True)
-    total = 0.0
-    for mb in actor.micro_batches(batch):
-        logprobs_N = actor.token_logprobs(actor.model, mb)
-        loss = -logprobs_N.sum() / n_tokens
-        actor.backward(loss)
-        total += loss.item()
+    total = actor.nll_backward(batch)
     grad_norm = actor.clip_gradients()
     actor.apply_gradients(lr)
     return {"sft_loss": total, "sft_grad_norm": grad_norm, "sft_tokens": float(n_tokens)}
