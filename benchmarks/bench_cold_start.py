@@ -122,8 +122,8 @@ def measure(launch: Launch) -> dict[str, float]:
                 try:
                     first_answer(port, launch)
                     break
-                except (ConnectionError, http.client.RemoteDisconnected):
-                    pass  # not listening yet
+                except ConnectionError:  # refused or reset: not listening yet
+                    pass
             time.sleep(POLL_S)
         seconds = time.perf_counter() - t0
         rss, peak = memory_mb(proc.pid)
