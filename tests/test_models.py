@@ -17,7 +17,9 @@ from relayrl.models import (
     DEFAULT_MODEL,
     PACKAGED_MODELS,
     PackagedModel,
+    _gguf_parsed_once,
     cached_dir,
+    gguf_special_token_ids,
     is_provisioned,
     model_path,
     provision,
@@ -108,6 +110,42 @@ def test_special_tokens_come_from_the_gguf_not_from_how_transformers_reads_it(
     tokenizer = real(str(folder))
     assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (im_end, im_end)
     assert Renderer.from_pretrained(str(folder)).eos_token_id == im_end
+
+
+def _tiny_gguf(path: Path, eos: int) -> Path:
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_eos_token_id(eos)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_conversion_parses_each_gguf_once_and_puts_gguf_back_after(tmp_path: Path) -> None:
+    import gguf
+
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    first = _tiny_gguf(tmp_path / "a.gguf", eos=2)
+    other = _tiny_gguf(tmp_path / "b.gguf", eos=7)
+    (tmp_path / "link.gguf").symlink_to(first)
+    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == "llama")
+    with pytest.raises(RuntimeError, match="inside"), _gguf_parsed_once():
+        reader = gguf.GGUFReader(first)
+        assert gguf.GGUFReader(str(first)) is reader
+        assert gguf.GGUFReader(tmp_path / "link.gguf") is reader  # the same file, another name
+        assert gguf.GGUFReader(other) is not reader
+        assert gguf_special_token_ids(first) == {"eos": 2}
+        assert gguf_special_token_ids(other) == {"eos": 7}  # each file keeps its own fields
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+        assert gguf.get_tensor_name_map(arch, 3) is not gguf.get_tensor_name_map(arch, 2)
+        raise RuntimeError("inside")  # a failed conversion puts gguf back too
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (real_reader, real_map)
+    assert gguf.GGUFReader(first) is not gguf.GGUFReader(first)
 
 
 def test_a_directory_an_older_conversion_left_is_converted_again(

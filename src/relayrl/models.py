@@ -12,6 +12,7 @@ hub id or local directory takes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.resources
@@ -21,6 +22,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,12 +219,14 @@ def _convert_gguf(model: PackagedModel, gguf: Path, out: Path) -> None:
     except ImportError as e:  # pragma: no cover - depends on the install
         raise ModelError(_NEEDS_TRAIN_EXTRA) from e
     folder, name = str(gguf.parent), gguf.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    # transformers 5.17 read SmolLM2's eos as <|im_start|> (5.24 reads <|im_end|>): the chat
-    # turn would not end where the model ends it. The GGUF's own ids decide, whatever the version.
-    special = gguf_special_token_ids(gguf)
+    with _gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        # transformers 5.17 read SmolLM2's eos as <|im_start|> (5.24 reads <|im_end|>): the chat
+        # turn would not end where the model ends it. The GGUF's own ids decide, whatever the
+        # version.
+        special = gguf_special_token_ids(gguf)
     for role, token_id in special.items():
         setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
         setattr(config, f"{role}_token_id", token_id)
@@ -245,11 +249,41 @@ def _convert_gguf(model: PackagedModel, gguf: Path, out: Path) -> None:
     save_loaded_tokenizer_json(out)
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """Within it, `gguf.GGUFReader` parses a file once and `gguf.get_tensor_name_map` builds a
+    map once; both are restored on exit.
+
+    Converting SmolLM2 through transformers parsed the whole GGUF five times (for the tokenizer,
+    twice for the config, for the weights, for our special tokens: its 49k-entry vocabulary and
+    merges are ~300k metadata parts, ~4 s a parse) and built gguf's tensor-name map once per
+    submodule of the model (397 maps, ~10 s). transformers imports both names from `gguf` at call
+    time, so patching the module reaches it. A reader is only read from, and a map only looked up.
+    """
+    import gguf as gguf_module
+
+    real_reader, real_map = gguf_module.GGUFReader, gguf_module.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def reader(path: str | os.PathLike[str], mode: str = "r") -> Any:
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    gguf_module.GGUFReader = reader
+    gguf_module.get_tensor_name_map = functools.cache(real_map)
+    try:
+        yield
+    finally:
+        gguf_module.GGUFReader, gguf_module.get_tensor_name_map = real_reader, real_map
+
+
 def gguf_special_token_ids(gguf: Path) -> dict[str, int]:
     """The bos/eos/pad token ids a GGUF file declares in its own metadata."""
-    from gguf import GGUFReader
+    import gguf as gguf_module  # looked up at call time: `_gguf_parsed_once` may stand in
 
-    fields = GGUFReader(gguf).fields
+    fields = gguf_module.GGUFReader(gguf).fields
     ids = {}
     for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"),
                       ("pad", "padding_token_id")):
