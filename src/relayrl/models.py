@@ -258,7 +258,8 @@ def _gguf_parsed_once() -> Iterator[None]:
     twice for the config, for the weights, for our special tokens: its 49k-entry vocabulary and
     merges are ~300k metadata parts, ~4 s a parse) and built gguf's tensor-name map once per
     submodule of the model (397 maps, ~10 s). transformers imports both names from `gguf` at call
-    time, so patching the module reaches it. A reader is only read from, and a map only looked up.
+    time, so patching the module reaches it (were that to change, a conversion would only be
+    slower again). A reader is only read from, and a map only looked up.
     """
     import gguf as gguf_module
 
