@@ -255,9 +255,9 @@ def _gguf_parsed_once() -> Iterator[None]:
     map once; both are restored on exit.
 
     Converting SmolLM2 through transformers parsed the whole GGUF five times (for the tokenizer,
-    twice for the config, for the weights, for our special tokens: its 49k-entry vocabulary and
-    merges are ~300k metadata parts, ~4 s a parse) and built gguf's tensor-name map once per
-    submodule of the model (397 maps, ~10 s). transformers imports both names from `gguf` at call
+    the config, the weights and our special tokens; its 49k-entry vocabulary and merges are ~300k
+    metadata parts, ~4 s a parse) and built gguf's tensor-name map once per submodule of the model
+    (397 maps, ~10 s). transformers imports both names from `gguf` at call
     time, so patching the module reaches it (were that to change, a conversion would only be
     slower again). A reader is only read from, and a map only looked up.
     """
