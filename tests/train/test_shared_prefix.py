@@ -3,11 +3,15 @@ the logprobs, gradients and updated weights are those of the full rows."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from relayrl.train.actor import Actor
 from relayrl.train.advantages import compute_advantages
+from relayrl.train.checkpoint import copy_tokenizer_files
 from relayrl.train.config import TrainConfig
 from relayrl.train.packing import (
     MIN_SHARED_PREFIX,
@@ -17,7 +21,7 @@ from relayrl.train.packing import (
     plan_shared_prefix,
 )
 
-from .conftest import random_batch
+from .conftest import TINY, random_batch
 
 SYSTEM, QUESTION = 40, 6
 
@@ -160,3 +164,37 @@ def test_shared_prefix_logprobs_gradients_and_step_equal_the_full_rows(
         actor.update(batch, adv_B_T)
     for a, b in zip(full.model.parameters(), shared.model.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-7), (a - b).abs().max()
+
+
+@pytest.mark.slow
+def test_compiled_layers_with_shared_prefixes_share_graphs_and_give_the_eager_gradients(
+    tmp_path: Path, model_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Dynamo's graphs and guards are under test, not inductor's kernels (test_bf16_copy covers
+    # those), so the layers compile with aot_eager.
+    compile_module = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile",
+                        lambda self, **kw: compile_module(self, **{**kw, "backend": "aot_eager"}))
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=1000, tie_word_embeddings=True,
+                                 **{**TINY, "num_hidden_layers": 10})).save_pretrained(tmp_path)
+    copy_tokenizer_files(model_dir, tmp_path)
+    cfg = TrainConfig(micro_batch_tokens=140, bf16=False, length_bucket=1)
+    batch = agent_batch(vocab=1000, seed=3)
+    results = []
+    for compile in (False, True):
+        actor = Actor(str(tmp_path), TrainConfig(**{**cfg.__dict__, "compile": compile}))
+        assert all(mb.prefix_len > 0 for mb in actor.micro_batches(batch))
+        torch._dynamo.reset()
+        # The layers share their graphs (a few per code object: one row or many, grad or not).
+        # The prefix cache's layer index used to key them apart, a graph per layer, and past
+        # dynamo's recompile limit the remaining layers ran eager, silently: here, past the
+        # actor's limit of 32, 10 layers x 4 such graphs fail instead.
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            logprobs = actor.compute_logprobs(batch)
+            for mb in actor.micro_batches(batch):
+                actor.token_logprobs(actor.model, mb).sum().backward()
+        results.append((logprobs, torch.cat([p.grad.flatten() for p in actor.model.parameters()])))
+    (eager_logprobs, eager_grad), (logprobs, grad) = results
+    assert torch.allclose(logprobs, eager_logprobs, atol=1e-5)
+    assert float((grad - eager_grad).norm() / eager_grad.norm()) < 1e-5

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import time
 from collections.abc import Iterator
@@ -92,6 +93,26 @@ def bf16_copy(model: Any) -> Any:
         for p in twin.parameters():
             p.data = p.data.to(torch.bfloat16)
     return twin
+
+
+@functools.cache
+def _prefix_cache_class() -> type:
+    """transformers' DynamicCache, with `update` kept out of `torch.compile` (`train.compile`).
+
+    Traced, its `update` makes the compiled layer's guards depend on the layer's index (how
+    many layers the cache holds), so each of the model's layers compiled its own graph until
+    dynamo's recompile limit (8) sent the rest back to eager: `train.compile` did nothing with
+    shared prefixes. Run eagerly it costs one graph break per layer, and every layer shares the
+    two graphs either side of it.
+    """
+    from transformers import DynamicCache
+
+    class PrefixCache(DynamicCache):
+        @torch.compiler.disable
+        def update(self, *args: Any, **kwargs: Any) -> Any:
+            return super().update(*args, **kwargs)
+
+    return PrefixCache
 
 
 class Actor:
@@ -211,15 +232,21 @@ class Actor:
                            use_cache=False).last_hidden_state
         # The common prefix runs once, with grad; its keys and values, repeated per row, are the
         # rows' past, so each row's gradient reaches the prefix's weights through that one pass.
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
+        cache = _prefix_cache_class()()
         prefix_1_P = mb.prefix_ids_P.to(self.device)[None]
-        decoder(input_ids=prefix_1_P, position_ids=torch.arange(mb.prefix_len,
-                device=self.device)[None], use_cache=True, **{cache_kwarg(decoder): cache})
-        cache.batch_repeat_interleave(ids_M_L.shape[0])
-        return decoder(input_ids=ids_M_L, position_ids=positions_M_L, use_cache=True,
-                       **{cache_kwarg(decoder): cache}).last_hidden_state
+        # Compiled layers pass their index to the cache: as a static int it would give each
+        # layer its own graph again, so dynamo takes module ints as inputs here. Each compiled
+        # code object then has up to 8 graphs, dynamo's default limit: the prefix's one row or
+        # many rows, with grad or without, called as the layer or as its attention.
+        unspec = contextlib.nullcontext() if not self.config.compile else \
+            torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True, recompile_limit=max(
+                32, torch._dynamo.config.recompile_limit))
+        with unspec:
+            decoder(input_ids=prefix_1_P, position_ids=torch.arange(mb.prefix_len,
+                    device=self.device)[None], use_cache=True, **{cache_kwarg(decoder): cache})
+            cache.batch_repeat_interleave(ids_M_L.shape[0])
+            return decoder(input_ids=ids_M_L, position_ids=positions_M_L, use_cache=True,
+                           **{cache_kwarg(decoder): cache}).last_hidden_state
 
     def micro_batches(self, batch: TrainBatch) -> list[MicroBatch]:
         """The batch split as this actor's config says (budget, packing, buckets, prefixes)."""

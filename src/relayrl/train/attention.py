@@ -38,8 +38,18 @@ def sdpa_gqa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
         key, value = key[:, :, :q_length], value[:, :, :q_length]
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                          dropout_p=dropout, scale=scaling, is_causal=is_causal,
-                                         enable_gqa=query.shape[1] != key.shape[1])
+                                         enable_gqa=_grouped(query, key))
     return out.transpose(1, 2).contiguous(), None
+
+
+def _grouped(query: torch.Tensor, key: torch.Tensor) -> bool:
+    """Whether query heads share key/value heads, as a plain bool.
+
+    In compiled layers whose module ints are graph inputs (`Actor` with `train.compile` and
+    shared prefixes) the head counts are symbolic, and SDPA's `enable_gqa` takes no symbolic
+    bool (a graph break per layer); branching on it makes dynamo settle it with a guard.
+    """
+    return True if query.shape[1] != key.shape[1] else False  # noqa: SIM210
 
 
 def register() -> None:
