@@ -289,7 +289,7 @@ def former_kernels(path: str, cfg: TrainConfig, unfused_adamw: bool = False,
                    ) -> Callable[[TrainBatch], Callable[[], dict[str, float]]]:
     """An actor with the kernels of 2026-11-24 (transformers' SDPA, which copies each key/value
     head per query head under a mask, and `autograd_head`); returns its update-fn maker."""
-    with mock.patch.object(attention, "resolve", lambda impl, device: impl):
+    with mock.patch.object(attention, "resolve", lambda impl: impl):
         actor = Actor(path, cfg)
     if unfused_adamw:
         actor.optimizer = torch.optim.AdamW(actor.model.parameters(), lr=cfg.lr, fused=False)
@@ -526,7 +526,7 @@ def main() -> None:
     torch.manual_seed(0)
     load_before = os.getloadavg()[0]
     cfg = TrainConfig()
-    before = TrainConfig(bf16_mode="autocast", length_bucket=1, share_prefix=False)
+    before = TrainConfig(bf16_mode="autocast", length_bucket=1, share_prefix=False, packing="pad")
     path = model_path(args.model)
     configs = {"bf16 autocast": before, "bf16": cfg}
     if args.compile:
@@ -572,9 +572,9 @@ def main() -> None:
         shared: list[Result] = []
         if not args.no_shared:
             agents = agent_batch(args.rows, vocab)
-            unshared_cfg = TrainConfig(share_prefix=False)
+            unshared_cfg = TrainConfig(share_prefix=False, packing="pad")
             unshared = Actor(path, unshared_cfg)
-            former = former_kernels(path, cfg)
+            former = former_kernels(path, TrainConfig(packing="pad"))
             filed = former_kernels(path, before, unfused_adamw=True)
             arms = {ISSUE_14: filed(agents),
                     "bf16 autocast": update_fn(old, agents, before),

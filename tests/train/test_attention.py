@@ -35,7 +35,42 @@ def test_grouped_heads_give_transformers_numbers(masked):
         torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
 
 
-def test_cpu_sdpa_resolves_to_the_grouped_kernel_and_others_stay():
-    assert attention.resolve("sdpa", torch.device("cpu")) == attention.GQA_SDPA
-    assert attention.resolve("sdpa", torch.device("cuda")) == "sdpa"
-    assert attention.resolve("eager", torch.device("cpu")) == "eager"
+def test_sdpa_resolves_to_relayrl_s_function_and_others_stay():
+    assert attention.resolve("sdpa") == attention.GQA_SDPA
+    assert attention.resolve("eager") == "eager"
+
+
+PREFIX, PIECES = 4, [5, 2, 7, 1]
+
+
+@pytest.mark.parametrize("prefix", [0, PREFIX])
+@pytest.mark.parametrize("grouped_mask", [True, False], ids=["cpu-kernel", "heads-repeated"])
+def test_unpadded_pieces_attend_as_their_own_rows_after_the_prefix(prefix, grouped_mask,
+                                                                     monkeypatch):
+    # heads-repeated: the path taken where SDPA takes no mask with grouped heads (CUDA)
+    monkeypatch.setattr(attention, "_masks_grouped_heads", lambda device: grouped_mask)
+    g = torch.Generator().manual_seed(1)
+    s = sum(PIECES)
+    q = torch.randn(1, 6, s, 8, generator=g, requires_grad=True)
+    k = torch.randn(1, 2, prefix + s, 8, generator=g, requires_grad=True)
+    v = torch.randn(1, 2, prefix + s, 8, generator=g, requires_grad=True)
+    layout = attention.Unpadded.of(PIECES, prefix, torch.device("cpu"))
+    out, _ = attention.sdpa_gqa(_Layer(), q, k, v, None, scaling=8 ** -0.5,
+                                **{attention.UNPADDED: layout})
+    assert out.shape == (1, s, 6, 8)
+    # Each piece on its own: the prefix's keys and its own, causal after the prefix.
+    want, start = [], 0
+    for n in PIECES:
+        keys = torch.cat([k[:, :, :prefix], k[:, :, prefix + start:prefix + start + n]], 2)
+        values = torch.cat([v[:, :, :prefix], v[:, :, prefix + start:prefix + start + n]], 2)
+        mask = torch.ones(n, prefix + n, dtype=torch.bool).tril(prefix)
+        want.append(torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, start:start + n], keys.repeat_interleave(3, 1), values.repeat_interleave(3, 1),
+            attn_mask=mask, scale=8 ** -0.5).transpose(1, 2))
+        start += n
+    want_out = torch.cat(want, 1)
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5)
+    weights = torch.randn(out.shape, generator=g)
+    grads = [torch.autograd.grad((o * weights).sum(), (q, k, v)) for o in (out, want_out)]
+    for mine, theirs in zip(*grads, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)

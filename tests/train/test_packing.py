@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from relayrl.errors import InvalidRequest
+from relayrl.errors import ConfigError, InvalidRequest
 from relayrl.train.actor import Actor
 from relayrl.train.advantages import compute_advantages
 from relayrl.train.config import TrainConfig
@@ -39,7 +39,7 @@ def test_micro_batches_skip_rows_without_trained_tokens_and_cover_every_trained_
     batch = random_batch(LENGTHS, vocab=100)
     mask = batch.loss_mask_B_T.clone()
     mask[1] = False
-    for packing in ("pad", "pack"):
+    for packing in ("pad", "unpad", "pack"):
         mbs = micro_batches(batch, 32, packing, mask)
         rows = sorted(r for mb in mbs for r in mb.rows)
         assert rows == [0, 2, 3, 4, 5]
@@ -52,7 +52,7 @@ def test_micro_batches_skip_rows_without_trained_tokens_and_cover_every_trained_
                                mb.take(batch.input_ids_B_T))
 
 
-@pytest.mark.parametrize("packing", ["pad", "pack"])
+@pytest.mark.parametrize("packing", ["pad", "unpad", "pack"])
 @pytest.mark.parametrize("model_fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])
 def test_micro_batched_logprobs_equal_one_row_at_a_time(
     packing: str, model_fixture: str, request: pytest.FixtureRequest
@@ -169,3 +169,9 @@ def test_rows_are_cut_after_their_last_trained_token() -> None:
     assert mb.input_ids_M_L.shape == (2, 7)
     (mb,) = micro_batches(batch, 100, "pack")
     assert mb.input_ids_M_L.shape == (1, 14)
+
+
+def test_unpad_with_an_attention_kernel_that_cannot_place_its_rows_is_refused() -> None:
+    with pytest.raises(ConfigError, match="packing=unpad needs attn_implementation=sdpa"):
+        TrainConfig(attn_implementation="flash_attention_2")
+    assert TrainConfig(attn_implementation="flash_attention_2", packing="pack").packing == "pack"

@@ -133,20 +133,47 @@ def test_one_long_row_gets_its_own_pass_instead_of_padding_or_splitting_the_rest
     assert torch.equal(covered, loss.reshape(-1).nonzero()[:, 0])
 
 
+def test_unpadded_micro_batches_hold_each_row_s_own_tokens_once_after_the_prefix() -> None:
+    batch = agent_batch(vocab=1000)
+    needed = (batch.loss_mask_B_T.cumsum(1).argmax(1) + 1).tolist()  # up to the last trained
+    # A budget for all six rows: one pass, the system prompt once, then the rows' own tokens
+    # end to end (the groups' questions differ), padded only up to the bucket at the end.
+    (mb,) = micro_batches(batch, 400, "unpad", bucket=16, share_prefix=True)
+    assert mb.prefix_len == SYSTEM and sorted(mb.rows) == list(range(6))
+    own = sum(needed) - 6 * SYSTEM
+    assert mb.input_ids_M_L.shape == (1, -(-own // 16) * 16)
+    tail = mb.input_ids_M_L.shape[1] - own
+    assert mb.piece_lengths == (*(needed[b] - SYSTEM for b in mb.rows), tail)
+    # Positions restart after the prefix in every piece.
+    starts = torch.tensor((0, *mb.piece_lengths)).cumsum(0)[:-1]
+    assert torch.equal(mb.position_ids_M_L[0, starts], torch.full((7,), SYSTEM))
+    assert torch.equal(mb.input_ids_M_L[mb.target_m_N, mb.target_l_N], mb.take(batch.input_ids_B_T))
+    covered = mb.source_N.sort().values
+    assert torch.equal(covered, batch.loss_mask_B_T.reshape(-1).nonzero()[:, 0])
+    # A budget for one group at a time: each pass covers its question too.
+    mbs = micro_batches(batch, 140, "unpad", share_prefix=True)
+    assert sorted(sorted(mb.rows) for mb in mbs) == [[0, 1, 2], [3, 4, 5]]
+    assert [mb.prefix_len for mb in mbs] == [SYSTEM + QUESTION - 1] * 2
+    assert all(mb.num_tokens <= 140 and int(mb.target_l_N.min()) >= 1 for mb in mbs)
+    # Without share_prefix, rows are only put end to end.
+    assert all(mb.prefix_len == 0 for mb in micro_batches(batch, 400, "unpad"))
+
+
+@pytest.mark.parametrize("packing,share", [("pad", True), ("unpad", True), ("unpad", False)])
 @pytest.mark.parametrize("model_fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])
 def test_shared_prefix_logprobs_gradients_and_step_equal_the_full_rows(
-    model_fixture: str, request: pytest.FixtureRequest
+    model_fixture: str, packing: str, share: bool, request: pytest.FixtureRequest
 ) -> None:
     path = request.getfixturevalue(model_fixture)
     # A large Adam epsilon: on gradients near 0 Adam's first step is sign(g) * lr, which would
     # turn float noise between two equal gradients into full-size differences.
     cfg = TrainConfig(micro_batch_tokens=140, bf16=False, lr=1e-3, adam_eps=1e-3,
-                      length_bucket=1)
-    full, shared = (Actor(path, TrainConfig(**{**cfg.__dict__, "share_prefix": s}))
-                    for s in (False, True))
+                      length_bucket=1, packing="pad", share_prefix=False)
+    full = Actor(path, cfg)
+    shared = Actor(path, TrainConfig(**{**cfg.__dict__, "packing": packing, "share_prefix": share}))
     batch = agent_batch(vocab=full.model.config.vocab_size, seed=2)
-    assert all(mb.prefix_len > 0 for mb in shared.micro_batches(batch))
-    assert all(mb.prefix_len == 0 for mb in full.micro_batches(batch))
+    assert all((mb.prefix_len > 0) == share for mb in shared.micro_batches(batch))
+    assert all(mb.prefix_len == 0 and mb.piece_lengths is None for mb in full.micro_batches(batch))
     assert torch.allclose(shared.compute_logprobs(batch), full.compute_logprobs(batch), atol=1e-5)
 
     # A loss that weighs each token differently, by where it sits in the batch.

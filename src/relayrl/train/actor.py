@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from relayrl.errors import ModelError
+from relayrl.errors import ConfigError, ModelError
 from relayrl.models import cache_kwarg, cpu_has_bf16_units
 from relayrl.train import attention
 from relayrl.train.checkpoint import (
@@ -74,7 +74,7 @@ def load_policy(model_path: str, device: torch.device, attn_implementation: str 
 
     model = AutoModelForCausalLM.from_pretrained(
         resolve_model(model_path), dtype=torch.float32,
-        attn_implementation=attention.resolve(attn_implementation, device))
+        attn_implementation=attention.resolve(attn_implementation))
     for name in _LOGIT_POSTPROCESSING:
         value = getattr(model.config, name, None)
         if value not in (None, 1, 1.0):
@@ -127,6 +127,11 @@ class Actor:
         """Where the frozen reference model for the KL term is loaded from (lazily)."""
         self.model = load_policy(model_path, self.device, config.attn_implementation)
         """The fp32 master weights: what the optimizer steps, checkpoints and the engine get."""
+        if config.packing == "unpad" and self.model.config._attn_implementation != attention.GQA_SDPA:
+            # another attention function would ignore where the pieces are: rows would attend
+            # to each other
+            raise ConfigError(f"packing=unpad needs relayrl's SDPA attention, not "
+                              f"{self.model.config._attn_implementation!r}")
         self.bf16 = resolve_bf16(config.bf16, self.device)
         self.bf16_copy = self.bf16 and config.bf16_mode == "copy"
         """Forward and backward run on a bf16 copy of the weights (else on `model`)."""
@@ -227,9 +232,12 @@ class Actor:
         """The decoder's last hidden states `[M, L, H]` of the micro-batch's rows."""
         ids_M_L = mb.input_ids_M_L.to(self.device)
         positions_M_L = mb.position_ids_M_L.to(self.device)
+        # An unpadded micro-batch is one row of pieces; attention lays them out as rows.
+        unpadded = {} if mb.piece_lengths is None else {attention.UNPADDED: attention.Unpadded.of(
+            mb.piece_lengths, mb.prefix_len, self.device)}
         if mb.prefix_ids_P is None:
-            return decoder(input_ids=ids_M_L, position_ids=positions_M_L,
-                           use_cache=False).last_hidden_state
+            return decoder(input_ids=ids_M_L, position_ids=positions_M_L, use_cache=False,
+                           **unpadded).last_hidden_state
         # The common prefix runs once, with grad; its keys and values, repeated per row, are the
         # rows' past, so each row's gradient reaches the prefix's weights through that one pass.
         cache = _prefix_cache_class()()
@@ -244,9 +252,10 @@ class Actor:
         with unspec:
             decoder(input_ids=prefix_1_P, position_ids=torch.arange(mb.prefix_len,
                     device=self.device)[None], use_cache=True, **{cache_kwarg(decoder): cache})
-            cache.batch_repeat_interleave(ids_M_L.shape[0])
+            if not unpadded:  # unpadded pieces attend to the one prefix row as it is
+                cache.batch_repeat_interleave(ids_M_L.shape[0])
             return decoder(input_ids=ids_M_L, position_ids=positions_M_L, use_cache=True,
-                           **{cache_kwarg(decoder): cache}).last_hidden_state
+                           **{cache_kwarg(decoder): cache}, **unpadded).last_hidden_state
 
     def micro_batches(self, batch: TrainBatch) -> list[MicroBatch]:
         """The batch split as this actor's config says (budget, packing, buckets, prefixes)."""

@@ -1,4 +1,5 @@
-"""The actor's CPU attention: transformers' SDPA, with grouped key/value heads kept grouped.
+"""The actor's attention: transformers' SDPA, with grouped key/value heads kept grouped on CPU,
+and the pieces of unpadded micro-batches (`packing="unpad"`) laid out as rows.
 
 transformers hands SDPA grouped-query keys and values as they are (`enable_gqa`) only when no
 mask is given; with a mask (a shared prefix's suffixes attend to its cache, which needs one) it
@@ -8,10 +9,19 @@ tokens attending to 505, bf16, one thread) torch's CPU flash kernel takes 0.088 
 layer's forward and backward with `enable_gqa` against 0.12-0.13 s through the copies, with the
 same output and gradients up to the order of a bf16 sum (measured 2026-11-25). CUDA's flash
 kernels take no mask with `enable_gqa`, so the GPU keeps transformers' own path.
+
+Unpadded micro-batches (`Unpadded`): the actor's products (projections, MLP, head) run on the
+real tokens of a micro-batch's rows end to end, and only attention, a sixth of an fp32 update,
+pays for padding. SDPA has no variable-length form on CPU; a packed row attended through one
+block-diagonal mask would attend every token to every piece (transformers' `pack`, measured 2-5x
+slower), and a call per piece costs ~1,000 small calls an update, so the pieces are copied into
+padded rows for the one SDPA call and their outputs gathered back.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,13 +30,81 @@ import torch.nn.functional as F
 GQA_SDPA = "relayrl_sdpa_gqa"
 """The name the attention function is registered under with transformers."""
 
+UNPADDED = "relayrl_unpadded"
+"""The decoder keyword that hands `sdpa_gqa` an `Unpadded` layout (transformers passes it on)."""
+
+
+@dataclass(frozen=True)
+class Unpadded:
+    """Where an unpadded micro-batch's tokens sit when attention lays its pieces out as rows.
+
+    The micro-batch is one row of pieces end to end (`packing="unpad"`): its products run on
+    real tokens only, and attention alone pads: each piece becomes a row of `longest` tokens
+    (right-padded, so no real query sees a pad) attending to the shared prefix's `prefix` keys
+    and causally to its own. The padding then costs only the attention's share of the work.
+    """
+
+    index_S: torch.Tensor
+    """Flat position in the `[rows, longest]` layout of each of the micro-batch's tokens."""
+    rows: int
+    longest: int
+    prefix: int
+    mask: torch.Tensor | None
+    """`[longest, prefix + longest]`: the prefix, then causal; None without a prefix."""
+
+    @classmethod
+    def of(cls, pieces: Sequence[int], prefix: int, device: torch.device) -> Unpadded:
+        """The layout of pieces this long after a `prefix`-token common prefix."""
+        longest = max(pieces)
+        index_S = torch.cat([torch.arange(n) + i * longest for i, n in enumerate(pieces)])
+        mask = (torch.ones(longest, prefix + longest, dtype=torch.bool, device=device)
+                .tril(prefix) if prefix else None)
+        return cls(index_S.to(device), len(pieces), longest, prefix, mask)
+
+
+def _as_rows(x_1_H_S_D: torch.Tensor, layout: Unpadded) -> torch.Tensor:
+    """`[1, H, S, D]` of the pieces end to end as `[rows, H, longest, D]`, zero-padded."""
+    _, h, _, d = x_1_H_S_D.shape
+    flat_S_H_D = x_1_H_S_D[0].transpose(0, 1)
+    rows_R_H_D = flat_S_H_D.new_zeros(layout.rows * layout.longest, h, d)
+    return (rows_R_H_D.index_copy(0, layout.index_S, flat_S_H_D)
+            .view(layout.rows, layout.longest, h, d).transpose(1, 2))
+
+
+def unpadded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       layout: Unpadded, scaling: float | None) -> torch.Tensor:
+    """Attention of an unpadded micro-batch's queries `[1, Hq, S, D]` over its keys and
+    values `[1, Hk, prefix + S, D]`, as `[1, S, Hq, D]`."""
+    p = layout.prefix
+    q = _as_rows(query, layout)
+    k, v = _as_rows(key[:, :, p:], layout), _as_rows(value[:, :, p:], layout)
+    if p:  # every piece attends to the one prefix: a view per row, copied once by the cat
+        k = torch.cat([key[:, :, :p].expand(layout.rows, -1, -1, -1), k], 2)
+        v = torch.cat([value[:, :, :p].expand(layout.rows, -1, -1, -1), v], 2)
+    grouped = _grouped(q, k)
+    if grouped and not _masks_grouped_heads(q.device):
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        grouped = False
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask, scale=scaling,
+                                         is_causal=layout.mask is None, enable_gqa=grouped)
+    hq, d = out.shape[1], out.shape[3]
+    return out.transpose(1, 2).reshape(-1, hq, d).index_select(0, layout.index_S)[None]
+
 
 def sdpa_gqa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
              value: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float = 0.0,
              scaling: float | None = None, is_causal: bool | None = None,
              **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature: SDPA with `enable_gqa`, mask or not."""
-    if kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
+    """transformers' attention-function signature: SDPA with `enable_gqa`, mask or not; an
+    unpadded micro-batch's pieces as rows (`UNPADDED`); off the CPU, transformers' own SDPA."""
+    layout = kwargs.pop(UNPADDED, None)
+    if layout is not None:
+        if dropout:
+            raise ValueError("unpadded attention runs without dropout (the actor scores in eval mode)")
+        return unpadded_attention(query, key, value, layout, scaling), None
+    if (query.device.type != "cpu" or kwargs.get("position_bias") is not None
+            or kwargs.get("softcap") is not None):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
@@ -40,6 +118,11 @@ def sdpa_gqa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                                          dropout_p=dropout, scale=scaling, is_causal=is_causal,
                                          enable_gqa=_grouped(query, key))
     return out.transpose(1, 2).contiguous(), None
+
+
+def _masks_grouped_heads(device: torch.device) -> bool:
+    """Whether SDPA on `device` takes a mask with grouped heads (CUDA's kernels do not)."""
+    return device.type == "cpu"
 
 
 def _grouped(query: torch.Tensor, key: torch.Tensor) -> bool:
@@ -61,9 +144,10 @@ def register() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(GQA_SDPA, sdpa_mask)
 
 
-def resolve(attn_implementation: str, device: torch.device) -> str:
-    """The implementation to load: "sdpa" on CPU becomes `GQA_SDPA`; anything else is kept."""
-    if attn_implementation == "sdpa" and device.type == "cpu":
+def resolve(attn_implementation: str) -> str:
+    """The implementation to load: "sdpa" becomes `GQA_SDPA` (which hands non-CPU tensors to
+    transformers' own SDPA, unpadded micro-batches aside); anything else is kept."""
+    if attn_implementation == "sdpa":
         register()
         return GQA_SDPA
     return attn_implementation

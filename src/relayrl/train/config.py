@@ -28,12 +28,12 @@ class TrainConfig:
     adam_eps: float = 1e-8                    # AdamW denominator epsilon
     grad_clip: float = 1.0                    # max global grad norm; 0 turns clipping off
     micro_batch_tokens: int = 4096            # token budget of one forward/backward (rows x padded length)
-    packing: Literal["pad", "pack"] = "pad"   # "pad": rows of similar length; "pack": rows concatenated (flash-attention GPUs)
+    packing: Literal["unpad", "pad", "pack"] = "unpad"  # unpad: rows end to end, padded only inside attention (needs attn_implementation sdpa); pad: rows of similar length, padded; pack: rows concatenated, block-diagonal mask (flash-attention GPUs)
     bf16: bool | Literal["auto"] = "auto"     # bf16 compute; auto = on where the CPU has AMX/AVX512-BF16 or the GPU has bf16
     bf16_mode: Literal["copy", "autocast"] = "copy"  # copy: fwd/bwd on a bf16 copy of the fp32 weights, refreshed after each step; autocast: cast the fp32 weights on every use (slower)
     compile: bool = False                     # torch.compile the decoder layers (dynamic shapes); the first step compiles (~1 min on 2 cores)
-    length_bucket: int = 64                   # pad: micro-batch lengths round up to a multiple of this (stable shapes); 1 = no rounding
-    share_prefix: bool = True                 # pad: rows that start alike (one system prompt, one question) run their common prefix once
+    length_bucket: int = 64                   # pad, unpad: micro-batch lengths round up to a multiple of this (stable shapes); 1 = no rounding
+    share_prefix: bool = True                 # pad, unpad: rows that start alike (one system prompt, one question) run their common prefix once
     attn_implementation: str = "sdpa"         # transformers attention kernel; on CPU "sdpa" keeps grouped KV heads grouped (train/attention.py); "flash_attention_2" suits packing on GPUs
     total_steps: int = 100                    # optimizer steps in the run
     minibatches: int = 1                      # optimizer steps per rollout batch (>1 makes the PPO clip bite)
@@ -83,6 +83,10 @@ class TrainConfig:
             # the replayed rows would be drawn on rank 0 alone, and the other ranks' gradients
             # would miss their share of the SFT loss
             raise ConfigError("sft_replay_coef > 0 needs world_size=1")
+        if self.packing == "unpad" and self.attn_implementation != "sdpa":
+            # only relayrl's SDPA function knows where an unpadded micro-batch's rows are
+            raise ConfigError(f"packing=unpad needs attn_implementation=sdpa, got "
+                              f"{self.attn_implementation!r} (use packing=pad or pack)")
         if self.behav_weight_cap is not None and self.behav_weight_cap <= 0:
             raise ConfigError(f"behav_weight_cap must be > 0 or null, got {self.behav_weight_cap}")
 

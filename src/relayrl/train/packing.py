@@ -224,6 +224,9 @@ class MicroBatch:
     prefix_ids_P: torch.Tensor | None = None
     """Tokens every row starts with, run once; the rows' ids, positions and `target_l_N` then
     count from the end of it (`position_ids_M_L` starts at P)."""
+    piece_lengths: tuple[int, ...] | None = None
+    """`unpad`: the micro-batch is one row holding its rows' pieces (after the prefix) end to
+    end, these long, the last one padding up to the bucket; None: one row per batch row."""
 
     @property
     def prefix_len(self) -> int:
@@ -267,7 +270,7 @@ def plan_micro_batches(lengths_B: Sequence[int], max_tokens: int, packing: str) 
                 plans[fit].append(i)
                 room[fit] -= lengths_B[i]
         return plans
-    raise ValueError(f"unknown packing {packing!r}; expected 'pad' or 'pack'")
+    raise ValueError(f"unknown packing {packing!r}; expected 'pad', 'unpad' or 'pack'")
 
 
 def bucketed(length: int, bucket: int) -> int:
@@ -379,6 +382,47 @@ def plan_by_length(
     return plans[::-1]
 
 
+def plan_unpadded(
+    rows: Sequence[torch.Tensor], first: Sequence[int], max_tokens: int, bucket: int
+) -> list[tuple[list[int], int]]:
+    """Rows cut into unpadded micro-batches (their common prefix once, then each row's own
+    tokens end to end) of least cost: `(rows, prefix)`, as `plan_shared_prefix` gives.
+
+    Rows in token order, so that a run of rows has the common prefix of its first and last;
+    an exact split of that order (dynamic programming over where micro-batches start) weighs a
+    longer common prefix against the passes that each run their own.
+    """
+    n = len(rows)
+    order = sorted(range(n), key=lambda i: rows[i].tolist())
+
+    def worth(prefix: int) -> int:
+        return prefix if prefix >= MIN_SHARED_PREFIX else 0
+
+    best = [0] + [-1] * n  # best[j]: least cost of the first j rows in `order`
+    cut: list[tuple[int, int]] = [(0, 0)] * (n + 1)
+    for j in range(1, n + 1):
+        last = order[j - 1]
+        limit, total = first[last] - 1, 0
+        for i in range(j - 1, -1, -1):
+            row = order[i]
+            limit = min(limit, first[row] - 1)
+            total += len(rows[row])
+            prefix = worth(min(common_prefix_len(rows[row], rows[last]), limit)) if i < j - 1 else 0
+            tokens = prefix + bucketed(total - (j - i) * prefix, bucket)
+            if tokens > max_tokens and i < j - 1:
+                break  # a longer run only costs more
+            cost = best[i] + tokens + PASS_TOKENS
+            if best[j] < 0 or cost < best[j]:
+                best[j], cut[j] = cost, (i, prefix)
+    plans: list[tuple[list[int], int]] = []
+    j = n
+    while j > 0:
+        i, prefix = cut[j]
+        plans.append(([order[k] for k in range(i, j)], prefix))
+        j = i
+    return plans[::-1]
+
+
 def micro_batches(
     batch: TrainBatch, max_tokens: int, packing: str, mask_B_T: torch.Tensor | None = None,
     bucket: int = 1, share_prefix: bool = False,
@@ -395,6 +439,12 @@ def micro_batches(
               else torch.zeros(mask_B_T.shape[0], dtype=torch.long))
     needed = [int(n) for n in last_B.tolist()]
     live = [b for b in range(batch.num_rows) if needed[b] > 0]
+    if packing == "unpad":
+        first_B = torch.where(mask_B_T, torch.arange(t), t).amin(-1).tolist()
+        ids = [batch.input_ids_B_T[b, :needed[b]] for b in live]
+        first = [int(first_B[b]) if share_prefix else 1 for b in live]
+        return [_build_unpadded(batch, mask_B_T, [live[i] for i in rows], prefix, needed, bucket)
+                for rows, prefix in plan_unpadded(ids, first, max_tokens, bucket)]
     if packing == "pad":
         planned = [bucketed(needed[b], bucket) for b in live]
     else:
@@ -444,6 +494,40 @@ def _build_padded(
         source_N=index[target_m_N] * t + target_l_N + prefix,
         rows=tuple(rows),
         prefix_ids_P=batch.input_ids_B_T[rows[0], :prefix] if prefix else None,
+    )
+
+
+def _build_unpadded(
+    batch: TrainBatch, mask_B_T: torch.Tensor, rows: list[int], prefix: int, lengths: list[int],
+    bucket: int,
+) -> MicroBatch:
+    t = batch.input_ids_B_T.shape[1]
+    ids, positions, target_l, source, pieces = [], [], [], [], []
+    offset = 0
+    for b in rows:  # bounded by the rows of one micro-batch
+        n = lengths[b] - prefix
+        ids.append(batch.input_ids_B_T[b, prefix:lengths[b]])
+        positions.append(torch.arange(prefix, prefix + n))
+        (trained,) = mask_B_T[b, prefix:lengths[b]].nonzero(as_tuple=True)
+        target_l.append(trained + offset)
+        source.append(b * t + prefix + trained)
+        pieces.append(n)
+        offset += n
+    pad = bucketed(offset, bucket) - offset
+    if pad:  # a piece of its own (id 0, never read), so that lengths repeat across steps
+        ids.append(torch.zeros(pad, dtype=batch.input_ids_B_T.dtype))
+        positions.append(torch.arange(prefix, prefix + pad))
+        pieces.append(pad)
+    target_l_N = torch.cat(target_l)
+    return MicroBatch(
+        input_ids_M_L=torch.cat(ids)[None],
+        position_ids_M_L=torch.cat(positions)[None],
+        target_m_N=torch.zeros_like(target_l_N),
+        target_l_N=target_l_N,
+        source_N=torch.cat(source),
+        rows=tuple(rows),
+        prefix_ids_P=batch.input_ids_B_T[rows[0], :prefix] if prefix else None,
+        piece_lengths=tuple(pieces),
     )
 
 

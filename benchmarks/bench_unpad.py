@@ -1,0 +1,96 @@
+"""Unpadded micro-batches (`train.packing: unpad`, the default) against padded ones, interleaved.
+
+Run by hand:  RELAYRL_HOME=/tmp/rr python benchmarks/bench_unpad.py [--rounds 5] [--random]
+              [--model DIR] [--threads 2]
+
+Arms, each an actor on the default model with the default `TrainConfig` but for what is named:
+`unpad` (the default: a micro-batch's rows end to end, padded only inside attention), `pad`
+(the default before it: rows padded to the micro-batch's bucketed length) and `issue 14`
+(the update as issue 14 found it: bench_train's `ISSUE_14` arm). Each updates bench_train's 16
+agent-shaped rows (a 313-token system prompt, a question per group of 8, a tool call, its result
+and an answer); `--random` adds `pad` and `unpad` arms on its 16 random rows of 394-472 tokens
+(no common prefix). A warm-up round, then `--rounds` rounds, the arms' order reversed every
+other round so that the machine's load falls on all. Printed: forward tokens per arm, every
+round's seconds, the per-round ratios against `unpad` and their medians, and the load average
+before and after. Speed only: tests/train/test_shared_prefix.py and test_packing.py check that
+unpadded logprobs, gradients and steps equal padded ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from bench_train import ISSUE_14, agent_batch, former_kernels, machine, synthetic_batch, update_fn
+from tqdm import tqdm
+
+from relayrl.models import DEFAULT_MODEL, model_path
+from relayrl.train.actor import Actor
+from relayrl.train.config import TrainConfig
+
+
+def main() -> None:
+    """Time the rounds and print them."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds after the warm-up")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--random", action="store_true", help="add pad/unpad arms on random rows")
+    args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    path = model_path(args.model)
+    unpad_cfg, pad_cfg = TrainConfig(), TrainConfig(packing="pad")
+    unpad, pad = Actor(path, unpad_cfg), Actor(path, pad_cfg)
+    vocab = unpad.model.config.vocab_size
+    agents = agent_batch(16, vocab)
+    filed_cfg = TrainConfig(bf16_mode="autocast", length_bucket=1, share_prefix=False, packing="pad")
+    arms: dict[str, Callable[[], dict[str, float]]] = {
+        "unpad": update_fn(unpad, agents, unpad_cfg),
+        "pad": update_fn(pad, agents, pad_cfg),
+        ISSUE_14: former_kernels(path, filed_cfg, unfused_adamw=True)(agents),
+    }
+    tokens = dict.fromkeys(arms, int(agents.lengths_B.sum()))
+    if args.random:
+        rows = synthetic_batch(16, vocab)
+        arms["random rows, unpad"] = update_fn(unpad, rows, unpad_cfg)
+        arms["random rows, pad"] = update_fn(pad, rows, pad_cfg)
+        tokens.update(dict.fromkeys(list(arms)[-2:], int(rows.lengths_B.sum())))
+    seconds: dict[str, list[float]] = {name: [] for name in arms}
+    forward: dict[str, int] = {}
+    with tqdm(total=len(arms) * (args.rounds + 1), desc="bench_unpad", unit="update") as bar:
+        for r in range(args.rounds + 1):  # bounded: a warm-up round, then --rounds
+            order = list(arms) if r % 2 == 0 else list(arms)[::-1]
+            for name in order:
+                start = time.perf_counter()
+                metrics = arms[name]()
+                elapsed = time.perf_counter() - start
+                forward[name] = int(metrics["forward_tokens"])
+                if r > 0:
+                    seconds[name].append(elapsed)
+                bar.update(1)
+    print(f"machine: {machine()}; bf16: {unpad.bf16}")
+    print(f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}")
+    names = list(arms)
+    print("| round | " + " | ".join(f"{n} s" for n in names) + " |")
+    print("| ---: |" + " ---: |" * len(names))
+    for i in range(args.rounds):
+        print(f"| {i + 1} | " + " | ".join(f"{seconds[n][i]:.2f}" for n in names) + " |")
+    for name in names:
+        base = "random rows, unpad" if name.startswith("random") else "unpad"
+        ratios = [a / b for a, b in zip(seconds[name], seconds[base], strict=True)]
+        median = statistics.median(seconds[name])
+        print(f"{name}: forward tokens {forward[name]}, median {median:.2f} s, "
+              f"{tokens[name] / median:.0f} tokens/s; "
+              f"{name} / {base} per round {', '.join(f'{x:.3f}' for x in ratios)}, "
+              f"median {statistics.median(ratios):.3f}")
+
+
+if __name__ == "__main__":
+    main()
