@@ -1,9 +1,14 @@
 """The trainer's batch (`TrainBatch`: right-padded rows with their labels) and its split into
 micro-batches that fit a token budget.
 
-Two layouts, both exact (a test checks each against one-row-at-a-time logprobs):
+Three layouts, all exact (a test checks each against one-row-at-a-time logprobs):
 
-- `pad` (default): rows of similar length, sorted longest first, stacked and right-padded.
+- `unpad` (default): a micro-batch is one row holding its rows' tokens end to end (after their
+  common prefix, with `share_prefix`), position ids restarting per row; the model's products run
+  on real tokens only, and attention alone lays the pieces out as padded rows
+  (`relayrl.train.attention.Unpadded`), so padding costs only attention's share of the work.
+  `plan_unpadded` cuts rows in token order where prefix + tokens + a pass's overhead is least.
+- `pad`: rows of similar length, sorted longest first, stacked and right-padded.
   With right padding a causal model never lets a real token see a pad, so no attention mask is
   needed and attention runs on the fast causal kernel.
 - `pack`: rows concatenated into one sequence with position ids restarting at 0 per row;
@@ -12,7 +17,7 @@ Two layouts, both exact (a test checks each against one-row-at-a-time logprobs):
   back to the dense kernel and was measured 2-5x slower than `pad` (SmolLM2, 2048 tokens of 8
   rows: 16 s vs 3 s for fwd+bwd), hence `pad` by default.
 
-`pad` with `share_prefix` (the default in `TrainConfig`): rows that start with the same tokens
+`pad` or `unpad` with `share_prefix` (the default in `TrainConfig`): rows that start with the same tokens
 (an agent's episodes: one system prompt and tool list, and in a GRPO group one question) are cut
 into that common prefix and their own suffixes. The prefix runs once; its keys and values,
 repeated per row, are the suffixes' past, and every row's gradient flows back through the one
@@ -26,7 +31,7 @@ read), so it never holds a trained position.
 
 Rows without a trained token are skipped (no forward at all), so dropped groups cost nothing,
 and a row's tokens after its last trained one are not forwarded (nothing reads them). In `pad`,
-a micro-batch's length rounds up to a multiple of `bucket` (the padded budget counts the rounded
+a micro-batch's length rounds up to a multiple of `bucket` (in `unpad`, its one row's) (the padded budget counts the rounded
 length): a few stable shapes instead of one per batch, so the allocator and oneDNN reuse what
 they made for the last step instead of growing the heap with buffers of never-repeated sizes.
 A micro-batch lists where each trained token sits (its row in the micro-batch and position)
