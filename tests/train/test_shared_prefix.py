@@ -142,11 +142,15 @@ def test_unpadded_micro_batches_hold_each_row_s_own_tokens_once_after_the_prefix
     assert mb.prefix_len == SYSTEM and sorted(mb.rows) == list(range(6))
     own = sum(needed) - 6 * SYSTEM
     assert mb.input_ids_M_L.shape == (1, -(-own // 16) * 16)
+    # Longest first; the padding follows the shortest row, as its piece's last tokens.
     tail = mb.input_ids_M_L.shape[1] - own
-    assert mb.piece_lengths == (*(needed[b] - SYSTEM for b in mb.rows), tail)
-    # Positions restart after the prefix in every piece.
+    lengths = [needed[b] - SYSTEM for b in mb.rows]
+    assert lengths == sorted(lengths, reverse=True) and tail > 0
+    assert mb.piece_lengths == (*lengths[:-1], lengths[-1] + tail)
+    # Positions restart after the prefix in every piece and run on through the padding.
     starts = torch.tensor((0, *mb.piece_lengths)).cumsum(0)[:-1]
-    assert torch.equal(mb.position_ids_M_L[0, starts], torch.full((7,), SYSTEM))
+    assert torch.equal(mb.position_ids_M_L[0, starts], torch.full((6,), SYSTEM))
+    assert int(mb.position_ids_M_L[0, -1]) == SYSTEM + lengths[-1] + tail - 1
     assert torch.equal(mb.input_ids_M_L[mb.target_m_N, mb.target_l_N], mb.take(batch.input_ids_B_T))
     covered = mb.source_N.sort().values
     assert torch.equal(covered, batch.loss_mask_B_T.reshape(-1).nonzero()[:, 0])

@@ -231,7 +231,7 @@ class MicroBatch:
     count from the end of it (`position_ids_M_L` starts at P)."""
     piece_lengths: tuple[int, ...] | None = None
     """`unpad`: the micro-batch is one row holding its rows' pieces (after the prefix) end to
-    end, these long, the last one padding up to the bucket; None: one row per batch row."""
+    end, these long (the last one padded up to the bucket); None: one row per batch row."""
 
     @property
     def prefix_len(self) -> int:
@@ -507,6 +507,9 @@ def _build_unpadded(
     bucket: int,
 ) -> MicroBatch:
     t = batch.input_ids_B_T.shape[1]
+    # The shortest row last: the padding up to the bucket follows it, so that attention's
+    # padded rows are no longer for it (a piece of its own would be one more row there).
+    rows = sorted(rows, key=lambda b: -lengths[b])
     ids, positions, target_l, source, pieces = [], [], [], [], []
     offset = 0
     for b in rows:  # bounded by the rows of one micro-batch
@@ -519,10 +522,10 @@ def _build_unpadded(
         pieces.append(n)
         offset += n
     pad = bucketed(offset, bucket) - offset
-    if pad:  # a piece of its own (id 0, never read), so that lengths repeat across steps
+    if pad:  # id 0, never read, after the last row's tokens (which never attend to it)
         ids.append(torch.zeros(pad, dtype=batch.input_ids_B_T.dtype))
-        positions.append(torch.arange(prefix, prefix + pad))
-        pieces.append(pad)
+        positions.append(torch.arange(prefix + pieces[-1], prefix + pieces[-1] + pad))
+        pieces[-1] += pad
     target_l_N = torch.cat(target_l)
     return MicroBatch(
         input_ids_M_L=torch.cat(ids)[None],
