@@ -238,8 +238,9 @@ class Actor:
         if mb.prefix_ids_P is None:
             return decoder(input_ids=ids_M_L, position_ids=positions_M_L, use_cache=False,
                            **unpadded).last_hidden_state
-        # The common prefix runs once, with grad; its keys and values, repeated per row, are the
-        # rows' past, so each row's gradient reaches the prefix's weights through that one pass.
+        # The common prefix runs once, with grad; its keys and values (repeated per row when the
+        # rows are padded) are the rows' past, so each row's gradient reaches the prefix's
+        # weights through that one pass.
         cache = _prefix_cache_class()()
         prefix_1_P = mb.prefix_ids_P.to(self.device)[None]
         # Compiled layers pass their index to the cache: as a static int it would give each
