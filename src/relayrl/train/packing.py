@@ -287,6 +287,23 @@ MIN_SHARED_PREFIX = 32
 """A common prefix shorter than this is not run separately (a second pass costs more)."""
 
 
+def _worth(prefix: int) -> int:
+    """A common prefix's length if it is worth a pass of its own, else 0."""
+    return prefix if prefix >= MIN_SHARED_PREFIX else 0
+
+
+def _plans_from_cuts(order: list[int], cut: list[tuple[int, int]]) -> list[tuple[list[int], int]]:
+    """The micro-batches `(rows, prefix)` of a split of `order`: `cut[j]` is (start, prefix)
+    of the one ending before position j."""
+    plans: list[tuple[list[int], int]] = []
+    j = len(order)
+    while j > 0:  # bounded: j falls by at least one each pass
+        i, prefix = cut[j]
+        plans.append(([order[k] for k in range(i, j)], prefix))
+        j = i
+    return plans[::-1]
+
+
 def common_prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:
     """How many leading tokens two id vectors share."""
     n = min(len(a), len(b))
@@ -309,9 +326,6 @@ def plan_shared_prefix(
     def cost(n: int, prefix: int, longest: int) -> int:
         return prefix + n * bucketed(longest - prefix, bucket)
 
-    def worth(prefix: int) -> int:
-        return prefix if prefix >= MIN_SHARED_PREFIX else 0
-
     order = sorted(range(len(rows)), key=lambda i: rows[i].tolist())
     plans: list[tuple[list[int], int]] = []
     group: list[int] = []
@@ -320,14 +334,14 @@ def plan_shared_prefix(
         if group:
             joint = min(prefix, common_prefix_len(rows[group[0]], rows[i]), first[i] - 1)
             joint_longest = max(longest, len(rows[i]))
-            if cost(len(group) + 1, worth(joint), joint_longest) <= max_tokens:
+            if cost(len(group) + 1, _worth(joint), joint_longest) <= max_tokens:
                 group.append(i)
                 prefix, longest = joint, joint_longest
                 continue
-            plans.append((group, worth(prefix) if len(group) > 1 else 0))
+            plans.append((group, _worth(prefix) if len(group) > 1 else 0))
         group, prefix, longest = [i], first[i] - 1, len(rows[i])
     if group:
-        plans.append((group, worth(prefix) if len(group) > 1 else 0))
+        plans.append((group, _worth(prefix) if len(group) > 1 else 0))
     return plans
 
 
@@ -353,9 +367,6 @@ def plan_by_length(
     order = sorted(range(n), key=lambda i: len(rows[i]))
     as_lists = [rows[i].tolist() for i in range(n)]
 
-    def worth(prefix: int) -> int:
-        return prefix if prefix >= MIN_SHARED_PREFIX else 0
-
     best = [0] + [-1] * n  # best[j]: least cost of the first j rows in `order`
     cut: list[tuple[int, int]] = [(0, 0)] * (n + 1)  # best[j]'s last micro-batch: (start, prefix)
     for j in range(1, n + 1):
@@ -371,20 +382,14 @@ def plan_by_length(
             limit = min(limit, first[row] - 1)
             if i < j - 1:  # a set's common prefix is that of its least and greatest members
                 common = common_prefix_len(rows[lo], rows[hi])
-            prefix = worth(min(common, limit)) if i < j - 1 else 0
+            prefix = _worth(min(common, limit)) if i < j - 1 else 0
             tokens = prefix + (j - i) * bucketed(len(rows[last]) - prefix, bucket)
             if tokens > max_tokens and i < j - 1:
                 break  # a longer group only costs more
             cost = best[i] + tokens + PASS_TOKENS
             if best[j] < 0 or cost < best[j]:
                 best[j], cut[j] = cost, (i, prefix)
-    plans: list[tuple[list[int], int]] = []
-    j = n
-    while j > 0:
-        i, prefix = cut[j]
-        plans.append(([order[k] for k in range(i, j)], prefix))
-        j = i
-    return plans[::-1]
+    return _plans_from_cuts(order, cut)
 
 
 def plan_unpadded(
@@ -400,9 +405,6 @@ def plan_unpadded(
     n = len(rows)
     order = sorted(range(n), key=lambda i: rows[i].tolist())
 
-    def worth(prefix: int) -> int:
-        return prefix if prefix >= MIN_SHARED_PREFIX else 0
-
     best = [0] + [-1] * n  # best[j]: least cost of the first j rows in `order`
     cut: list[tuple[int, int]] = [(0, 0)] * (n + 1)
     for j in range(1, n + 1):
@@ -412,20 +414,14 @@ def plan_unpadded(
             row = order[i]
             limit = min(limit, first[row] - 1)
             total += len(rows[row])
-            prefix = worth(min(common_prefix_len(rows[row], rows[last]), limit)) if i < j - 1 else 0
+            prefix = _worth(min(common_prefix_len(rows[row], rows[last]), limit)) if i < j - 1 else 0
             tokens = prefix + bucketed(total - (j - i) * prefix, bucket)
             if tokens > max_tokens and i < j - 1:
                 break  # a longer run only costs more
             cost = best[i] + tokens + PASS_TOKENS
             if best[j] < 0 or cost < best[j]:
                 best[j], cut[j] = cost, (i, prefix)
-    plans: list[tuple[list[int], int]] = []
-    j = n
-    while j > 0:
-        i, prefix = cut[j]
-        plans.append(([order[k] for k in range(i, j)], prefix))
-        j = i
-    return plans[::-1]
+    return _plans_from_cuts(order, cut)
 
 
 def micro_batches(
