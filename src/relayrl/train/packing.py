@@ -444,7 +444,11 @@ def micro_batches(
         first_B = torch.where(mask_B_T, torch.arange(t), t).amin(-1).tolist()
         ids = [batch.input_ids_B_T[b, :needed[b]] for b in live]
         first = [int(first_B[b]) if share_prefix else 1 for b in live]
-        return [_build_unpadded(batch, mask_B_T, [live[i] for i in rows], prefix, needed, bucket)
+        # The shortest row last: the padding up to the bucket follows it, so that attention's
+        # padded rows are no longer for it (a piece of its own would be one more row there).
+        return [_build_unpadded(batch, mask_B_T, sorted((live[i] for i in rows),
+                                                        key=lambda b: -needed[b]),
+                                prefix, needed, bucket)
                 for rows, prefix in plan_unpadded(ids, first, max_tokens, bucket)]
     if packing == "pad":
         planned = [bucketed(needed[b], bucket) for b in live]
@@ -503,9 +507,6 @@ def _build_unpadded(
     bucket: int,
 ) -> MicroBatch:
     t = batch.input_ids_B_T.shape[1]
-    # The shortest row last: the padding up to the bucket follows it, so that attention's
-    # padded rows are no longer for it (a piece of its own would be one more row there).
-    rows = sorted(rows, key=lambda b: -lengths[b])
     ids, positions, target_l, source, pieces = [], [], [], [], []
     offset = 0
     for b in rows:  # bounded by the rows of one micro-batch
@@ -538,23 +539,6 @@ def _build_unpadded(
 def _build_packed(
     batch: TrainBatch, mask_B_T: torch.Tensor, rows: list[int], lengths: list[int]
 ) -> MicroBatch:
-    t = batch.input_ids_B_T.shape[1]
-    ids, positions, target_l, source = [], [], [], []
-    offset = 0
-    for b in rows:  # bounded by the rows of one micro-batch
-        n = lengths[b]
-        ids.append(batch.input_ids_B_T[b, :n])
-        positions.append(torch.arange(n))
-        (trained,) = mask_B_T[b, :n].nonzero(as_tuple=True)
-        target_l.append(trained + offset)
-        source.append(b * t + trained)
-        offset += n
-    target_l_N = torch.cat(target_l)
-    return MicroBatch(
-        input_ids_M_L=torch.cat(ids)[None],
-        position_ids_M_L=torch.cat(positions)[None],
-        target_m_N=torch.zeros_like(target_l_N),
-        target_l_N=target_l_N,
-        source_N=torch.cat(source),
-        rows=tuple(rows),
-    )
+    # The same row of rows end to end as `unpad`'s, without a prefix or padding, and without
+    # the pieces' lengths: transformers finds the rows from the restarting positions.
+    return replace(_build_unpadded(batch, mask_B_T, rows, 0, lengths, 1), piece_lengths=None)
