@@ -1,12 +1,18 @@
-"""What glibc's mmap threshold costs an update: `Actor.update` with the allocator as it comes and
-with the 1 MiB `M_MMAP_THRESHOLD` relayrl used to set (every tensor over 1 MiB its own mmap).
+"""What glibc's allocator options cost an update: `Actor.update` with the allocator as it comes,
+with the heap kept (`relayrl.launch.process.keep_freed_heap`, the default since 2026-11-28: one
+arena, no trimming, no mmap) and with the 1 MiB `M_MMAP_THRESHOLD` relayrl set before
+2026-11-25 (every tensor over 1 MiB its own mmap).
 
-Run by hand:  python benchmarks/bench_heap.py [--rounds 2] [--updates 3]
+Run by hand:  python benchmarks/bench_heap.py [--rounds 2] [--updates 3] [--rows agent|random]
+              [--arms "glibc default" "kept heap" ...]
 
-Each arm runs in its own process (the threshold is process-wide), arms alternating for
-`--rounds` rounds; a process times `--updates` updates of bench_train's 16-row batch after one
-warm-up and reports the best wall time with its system time, user time and minor page faults
-(getrusage). Prints a markdown table; nothing is written.
+Each arm runs in its own process (the options are process-wide and set before any thread
+starts), arms alternating for `--rounds` rounds, their order reversed every other round. A
+process loads the default model with the default `TrainConfig` and runs every update on one
+worker thread, as the trainer does (a thread's arena is where glibc's defaults differ most from
+the main thread's); it times `--updates` updates of bench_train's 16 agent rows (or its random
+rows) after one warm-up and reports each update's wall time, system time and minor page faults
+(getrusage) and the peak RSS. Prints a markdown table; nothing is written.
 """
 
 from __future__ import annotations
@@ -17,49 +23,63 @@ import ctypes.util
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-ARMS = ("glibc default", "1 MiB mmap threshold")
+ARMS = ("glibc default", "kept heap", "1 MiB mmap threshold")
 M_MMAP_THRESHOLD = -3
 
 
-def child(arm: str, updates: int) -> None:
-    """One process: set the arm's allocator option, then time updates; prints one JSON line."""
-    if arm == ARMS[1]:
+def child(arm: str, updates: int, rows: str) -> None:
+    """One process: set the arm's allocator options, then time updates; prints one JSON line."""
+    if arm == "kept heap":
+        from relayrl.launch.process import keep_freed_heap
+
+        if not keep_freed_heap():
+            raise SystemExit("mallopt failed: not glibc?")
+    elif arm == "1 MiB mmap threshold":
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         if not libc.mallopt(M_MMAP_THRESHOLD, 1 << 20):
             raise SystemExit("mallopt failed: not glibc?")
     import torch
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from bench_train import synthetic_batch
+    from bench_train import agent_batch, synthetic_batch
 
+    from relayrl.models import DEFAULT_MODEL, model_path
     from relayrl.train.actor import Actor
     from relayrl.train.advantages import compute_advantages
     from relayrl.train.config import TrainConfig
 
-    torch.set_num_threads(2)
-    cfg = TrainConfig(micro_batch_tokens=2048)  # the main job's budget
-    actor = Actor("smollm2-135m-instruct", cfg)
-    batch = synthetic_batch(16, actor.model.config.vocab_size)
+    cfg = TrainConfig()
+    worker = ThreadPoolExecutor(max_workers=1)  # the trainer's one update thread
+
+    def on_worker(fn: Any, *args: Any) -> Any:
+        return worker.submit(lambda: (torch.set_num_threads(2), fn(*args))[1]).result()
+
+    actor = on_worker(Actor, model_path(DEFAULT_MODEL), cfg)
+    vocab = actor.model.config.vocab_size
+    batch = agent_batch(16, vocab) if rows == "agent" else synthetic_batch(16, vocab)
     adv_B_T = compute_advantages(batch, cfg).adv_B_T
-    actor.update(batch, adv_B_T)  # warm-up
+    on_worker(actor.update, batch, adv_B_T)  # warm-up
     runs = []
     for _ in range(updates):  # bounded by --updates
         before = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()
-        actor.update(batch, adv_B_T)
+        on_worker(actor.update, batch, adv_B_T)
         wall = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_SELF)
         runs.append({"wall": wall, "sys": after.ru_stime - before.ru_stime,
-                     "user": after.ru_utime - before.ru_utime,
                      "faults": after.ru_minflt - before.ru_minflt})
-    best = min(runs, key=lambda r: r["wall"])
-    best["maxrss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
-    print(json.dumps(best), flush=True)
+    worker.shutdown()
+    print(json.dumps({"runs": runs,
+                      "maxrss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}),
+          flush=True)
 
 
 def main() -> None:
@@ -67,27 +87,40 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--updates", type=int, default=3)
+    ap.add_argument("--rows", choices=("agent", "random"), default="agent")
+    ap.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS[:2]))
     ap.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.rounds < 1 or args.updates < 1:
+        ap.error("--rounds and --updates must be at least 1")
     if args.child:
-        child(args.child, args.updates)
+        child(args.child, args.updates, args.rows)
         return
     load = [os.getloadavg()[0]]
     rows = []
     for r in range(args.rounds):  # bounded by --rounds
-        for arm in ARMS:
+        for arm in args.arms if r % 2 == 0 else args.arms[::-1]:
             print(f"round {r + 1}/{args.rounds}: {arm} ...", file=sys.stderr, flush=True)
             out = subprocess.run([sys.executable, __file__, "--child", arm, "--updates",
-                                  str(args.updates)], capture_output=True, text=True, check=True,
-                                 timeout=1800)
+                                  str(args.updates), "--rows", args.rows],
+                                 capture_output=True, text=True, check=True, timeout=1800)
             rows.append((r + 1, arm, json.loads(out.stdout.strip().splitlines()[-1])))
     load.append(os.getloadavg()[0])
     print(f"load average (1 min) before/after: {load[0]:.2f} / {load[1]:.2f}")
-    print("| round | allocator | update s | system s | user s | minor faults | peak RSS GB |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| round | allocator | update s, each | system s, each | minor faults, each "
+          "| peak RSS GB |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: |")
     for r, arm, m in rows:
-        print(f"| {r} | {arm} | {m['wall']:.2f} | {m['sys']:.2f} | {m['user']:.2f} | "
-              f"{m['faults'] / 1e6:.2f}M | {m['maxrss_gb']:.2f} |")
+        walls = " ".join(f"{u['wall']:.2f}" for u in m["runs"])
+        system = " ".join(f"{u['sys']:.2f}" for u in m["runs"])
+        faults = " ".join(f"{u['faults'] / 1e3:.0f}k" for u in m["runs"])
+        print(f"| {r} | {arm} | {walls} | {system} | {faults} | {m['maxrss_gb']:.2f} |")
+    # the first timed update is slower in every arm (it still grows the heap, as its faults show)
+    later = {arm: statistics.median(u["wall"] for _, a, m in rows if a == arm
+                                    for u in (m["runs"][1:] or m["runs"])) for arm in args.arms}
+    base = later[args.arms[0]]
+    print("median update s after the first timed one: " + ", ".join(
+        f"{arm} {s:.2f} ({base / s:.2f}x {args.arms[0]})" for arm, s in later.items()))
 
 
 if __name__ == "__main__":

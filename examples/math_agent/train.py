@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from relayrl.config import RelayConfig, load_config  # noqa: E402
-from relayrl.launch import train  # noqa: E402
+from relayrl.launch import keep_freed_heap, train  # noqa: E402
 from relayrl.models import model_path  # noqa: E402
 from relayrl.train.trainer import load_dataset  # noqa: E402
 
@@ -36,6 +36,8 @@ def main(argv: list[str]) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     started = time.perf_counter()
     cfg = load_config(RelayConfig, HERE / "config.yaml", argv)
+    if cfg.train.keep_heap:  # before the teacher's gateway starts the first threads
+        keep_freed_heap()
     train_items = load_dataset(cfg.data.train)
     if cfg.sft.data is None:
         traces = cfg.run_dir / "warmup_traces.jsonl"

@@ -6,13 +6,14 @@ external agents, a remote engine) is a new launcher here.
 """
 
 from relayrl.launch.local import LocalLauncher, LocalServices
-from relayrl.launch.process import add_import_path
+from relayrl.launch.process import add_import_path, keep_freed_heap
 from relayrl.launch.run import make_launcher, run_from_config, train
 
 __all__ = [
     "LocalLauncher",
     "LocalServices",
     "add_import_path",
+    "keep_freed_heap",
     "make_launcher",
     "run_from_config",
     "train",

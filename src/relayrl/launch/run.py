@@ -14,7 +14,7 @@ from relayrl.config import RelayConfig, dump_config, load_config
 from relayrl.errors import ConfigError
 from relayrl.launch.distributed import in_worker, launch_workers
 from relayrl.launch.local import LocalLauncher
-from relayrl.launch.process import add_import_path
+from relayrl.launch.process import add_import_path, keep_freed_heap
 from relayrl.train.ports import Launcher
 from relayrl.train.trainer import PPOTrainer, TrainResult, load_dataset
 
@@ -41,6 +41,8 @@ def train(config: RelayConfig, train_dataset: Sequence[dict[str, Any]],
         return launch_workers(config.train.world_size, train, config, train_dataset,
                               eval_dataset, workflow=workflow, workflow_kwargs=workflow_kwargs,
                               eval_workflow_kwargs=eval_workflow_kwargs)
+    if config.train.keep_heap:
+        keep_freed_heap()
     if int(os.environ.get("RANK", "0")) == 0:
         dump_config(config, config.run_dir / "config.yaml")
     trainer = PPOTrainer(config, train_dataset, eval_dataset, launcher=make_launcher(config))

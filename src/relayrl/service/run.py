@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from relayrl.config import RelayConfig, dump_config, load_config
+from relayrl.launch.process import keep_freed_heap
 from relayrl.service.launcher import ServiceLauncher, ensure_admin_key
 from relayrl.train.trainer import PPOTrainer, TrainResult
 
@@ -26,6 +27,8 @@ def serve_from_config(path: str | Path | None, overrides: Sequence[str] = ()) ->
     if cfg.gateway.log_path is None:  # a service must survive a crash: keep a durable log
         cfg = replace(cfg, gateway=replace(cfg.gateway, log_path=str(cfg.run_dir / "sessions.db")))
     cfg, key_file = ensure_admin_key(cfg)
+    if cfg.train.keep_heap:
+        keep_freed_heap()
     if key_file is not None:
         print(f"relayrl service admin key in {key_file} (set RELAYRL_ADMIN_KEY from it)",
               flush=True)
