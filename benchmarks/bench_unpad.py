@@ -12,8 +12,9 @@ and an answer); `--random` adds `pad` and `unpad` arms on its 16 random rows of 
 (no common prefix). A warm-up round, then `--rounds` rounds, the arms' order reversed every
 other round so that the machine's load falls on all. Printed: forward tokens per arm, every
 round's seconds, the per-round ratios against `unpad` and their medians, and the load average
-before and after. Speed only: tests/train/test_shared_prefix.py and test_packing.py check that
-unpadded logprobs, gradients and steps equal padded ones.
+before and after. The process keeps its freed heap (`keep_freed_heap`, as the launchers set it
+for a run; every arm runs under it). Speed only: tests/train/test_shared_prefix.py and
+test_packing.py check that unpadded logprobs, gradients and steps equal padded ones.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from bench_train import ISSUE_14, agent_batch, former_kernels, machine, synthetic_batch, update_fn
 from tqdm import tqdm
 
+from relayrl.launch.process import keep_freed_heap
 from relayrl.models import DEFAULT_MODEL, model_path
 from relayrl.train.actor import Actor
 from relayrl.train.config import TrainConfig
@@ -43,6 +45,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    keep_freed_heap()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     path = model_path(args.model)
