@@ -14,7 +14,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "relayrl"
 
 LAYERS: list[set[str]] = [
-    {"errors", "types", "models", "asgi"},  # shared records, errors, models, uvicorn settings
+    {"errors", "types", "models", "asgi", "heap"},  # shared records, errors, models, uvicorn settings, the C heap
     {"chat"},
     {"trajectory"},
     {"engine"},

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from relayrl.trajectory import InteractionLog
 
@@ -57,15 +58,15 @@ def test_the_log_is_compacted_as_sessions_close_and_a_restart_keeps_the_rest(
         g2.thread.stop()
 
 
-async def test_memory_is_handed_back_once_as_many_sessions_went_as_are_held() -> None:
-    import pytest
-
-    from relayrl.gateway import upkeep as upkeep_module
+async def test_memory_is_handed_back_once_as_many_sessions_went_as_are_held(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from relayrl import heap
     from relayrl.gateway.session_store import SessionStore
     from relayrl.gateway.upkeep import Upkeep
 
-    if upkeep_module._MALLOC_TRIM is None:
+    if heap.MALLOC_TRIM is None:
         pytest.skip("this C library has no malloc_trim")  # musl, macOS: nothing to hand back
+    monkeypatch.setattr(heap, "_kept", False)  # a gateway alone (a trainer in this process may keep it)
     now = [0.0]
     store = SessionStore(ttl_s=10.0, clock=lambda: now[0])
     cleared: list[str] = []
@@ -88,3 +89,24 @@ async def test_memory_is_handed_back_once_as_many_sessions_went_as_are_held() ->
     assert up.trims == 2 and len(store) == 0 and cleared == ["c", "c"]
     await up.tick()
     assert up.trims == 2  # a quiet gateway does not trim again
+
+
+async def test_a_process_that_keeps_its_heap_for_training_does_not_trim_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from relayrl import heap
+    from relayrl.gateway.session_store import SessionStore
+    from relayrl.gateway.upkeep import Upkeep
+
+    trims: list[int] = []
+    monkeypatch.setattr(heap, "MALLOC_TRIM", trims.append)
+    monkeypatch.setattr(heap, "_kept", True)
+    store = SessionStore(ttl_s=10.0)
+    cleared: list[str] = []
+    up = Upkeep(store, None, trim_after_forgotten=1, caches=(lambda: cleared.append("c"),))
+    for s in [store.start_session() for _ in range(4)]:
+        store.acknowledge(s.id)  # every session forgotten: a trim would be due
+    await up.tick()
+    assert up.trims == 0 and trims == [] and cleared == []
+    monkeypatch.setattr(heap, "_kept", False)
+    await up.tick()
+    assert up.trims == 1 and trims == [0] and cleared == ["c"]

@@ -24,11 +24,11 @@ May import: `relayrl.gateway.session_store`, `relayrl.trajectory` (no FastAPI, n
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import time
 from collections.abc import Callable, Sequence
 
+from relayrl import heap
 from relayrl.gateway.session_store import SessionStore
 from relayrl.trajectory import InteractionLog, Session
 
@@ -88,22 +88,23 @@ class Upkeep:
         """Whether enough sessions were forgotten since the last trim to hand memory back.
 
         As many as the store still holds (the heap is then mostly free: a mass expiry, or a
-        small store turning over), or `trim_after_forgotten`, whichever is fewer.
+        small store turning over), or `trim_after_forgotten`, whichever is fewer. Never where
+        the process keeps its freed heap for training (`relayrl.heap.kept`).
         """
-        if _MALLOC_TRIM is None:
+        if heap.MALLOC_TRIM is None or heap.kept():
             return False
         forgotten = self.store.totals["forgotten"] - self._forgotten_then
         return forgotten > 0 and forgotten >= min(self.trim_after_forgotten, len(self.store))
 
     async def release_memory(self) -> bool:
         """Hand free heap pages back to the system; False where the C library cannot."""
-        if _MALLOC_TRIM is None:
+        if heap.MALLOC_TRIM is None:
             return False
         self._forgotten_then = self.store.totals["forgotten"]
         for clear in self.caches:  # their entries, scattered among the sessions', pin arenas
             clear()
         # ctypes releases the GIL, so the event loop keeps serving while glibc walks its heaps
-        await asyncio.to_thread(_MALLOC_TRIM, 0)
+        await asyncio.to_thread(heap.MALLOC_TRIM, 0)
         self.trims += 1
         return True
 
@@ -118,20 +119,6 @@ class Upkeep:
         self.compactions += 1
         log.info("durable log compacted: %d events of closed sessions removed", removed)
         return removed
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's `malloc_trim`, or None where the process's C library has none."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):
-        return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim
-
-
-_MALLOC_TRIM = _malloc_trim()
 
 
 __all__ = ["Upkeep"]

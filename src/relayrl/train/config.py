@@ -57,7 +57,7 @@ class TrainConfig:
     world_size: int = 1                       # data-parallel trainer ranks (torch.distributed; rank 0 serves rollouts)
     num_threads: int | None = None            # torch threads of SFT and RL updates; None: all cores for SFT, the cores an in-process engine leaves for RL
     lend_engine_cores: bool = True            # with num_threads None: an RL update also takes an in-process engine's cores once no rollout runs
-    keep_heap: bool = True                    # glibc: the process keeps what an update frees for the next one (one arena, no trim, no mmap; launch/process.py)
+    keep_heap: bool = True                    # glibc: the process keeps what an update frees for the next one (one arena, no trim, no mmap; relayrl/heap.py)
 
     def __post_init__(self) -> None:
         positive = ("lr", "micro_batch_tokens", "total_steps", "minibatches", "tis_cap",
