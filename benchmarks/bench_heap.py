@@ -1,5 +1,5 @@
 """What glibc's allocator options cost an update: `Actor.update` with the allocator as it comes,
-with the heap kept (`relayrl.launch.process.keep_freed_heap`, the default since 2026-11-28: one
+with the heap kept (`relayrl.heap.keep_freed_heap`, the default since 2026-11-28: one
 arena, no trimming, no mmap) and with the 1 MiB `M_MMAP_THRESHOLD` relayrl set before
 2026-11-25 (every tensor over 1 MiB its own mmap).
 
@@ -38,7 +38,7 @@ M_MMAP_THRESHOLD = -3
 def child(arm: str, updates: int, rows: str) -> None:
     """One process: set the arm's allocator options, then time updates; prints one JSON line."""
     if arm == "kept heap":
-        from relayrl.launch.process import keep_freed_heap
+        from relayrl.heap import keep_freed_heap
 
         if not keep_freed_heap():
             raise SystemExit("mallopt failed: not glibc?")

@@ -29,7 +29,7 @@ import torch
 from bench_train import ISSUE_14, agent_batch, former_kernels, machine, synthetic_batch, update_fn
 from tqdm import tqdm
 
-from relayrl.launch.process import keep_freed_heap
+from relayrl.heap import keep_freed_heap
 from relayrl.models import DEFAULT_MODEL, model_path
 from relayrl.train.actor import Actor
 from relayrl.train.config import TrainConfig

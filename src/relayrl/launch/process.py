@@ -19,5 +19,4 @@ def add_import_path(folder: str | Path) -> None:
         sys.path.insert(0, path)
 
 
-
 __all__ = ["add_import_path", "keep_freed_heap"]
