@@ -17,6 +17,7 @@ from relayrl.train.metrics import MetricsLogger, read_metrics
 from relayrl.train.packing import TrainBatch, minibatch_rows
 
 from .conftest import random_batch, tokenizer_files
+from .test_shared_prefix import SYSTEM, agent_batch
 
 LENGTHS = [20, 9, 14, 5]
 
@@ -221,3 +222,32 @@ def test_metrics_go_to_jsonl_tensorboard_and_a_plot(tmp_path: Path) -> None:
     assert records[1] == {"step": 2, "reward_mean": 0.2, "loss": 0.5}
     assert list((tmp_path / "logs").glob("events.out.tfevents.*"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_replay_rows_join_the_rl_rows_micro_batch_and_its_prefix_pass(tiny_llama_dir: str) -> None:
+    # Warm-up traces start with the agent's system prompt like the RL rows: scored together,
+    # the prompt runs once, and the step is the one the two losses would take apart.
+    cfg = TrainConfig(bf16=False, grad_clip=0.0, sft_replay_coef=0.5)
+    joint, plain = Actor(tiny_llama_dir, cfg), Actor(tiny_llama_dir, cfg)
+    rows = agent_batch(joint.model.config.vocab_size, groups=3)
+    batch, replay = rows.select(range(6)), rows.select([6, 7, 8])
+    adv = broadcast_to_tokens(torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0]), batch.loss_mask_B_T)
+    metrics, grads = step_gradients(joint, batch, adv, replay=replay)
+
+    apart = [mb for b in (batch, replay) for mb in plain.micro_batches(b)]
+    together = plain.micro_batches(batch.extended(replay))
+    assert len(together) == 1 and together[0].prefix_len == SYSTEM
+    assert metrics["forward_tokens"] == together[0].num_tokens
+    assert metrics["forward_tokens"] <= sum(mb.num_tokens for mb in apart) - SYSTEM
+
+    rl_metrics, rl_grads = step_gradients(plain, batch, adv)
+    assert metrics["loss"] == pytest.approx(rl_metrics["loss"], rel=1e-5)
+    assert metrics["n_tokens"] == rl_metrics["n_tokens"] == batch.num_trained_tokens
+    reference = Actor(tiny_llama_dir, cfg)
+    reference.optimizer.zero_grad(set_to_none=True)
+    nll = reference.nll_backward(replay, coef=0.5)
+    assert metrics["sft_replay_loss"] == pytest.approx(nll, rel=1e-5)
+    for name, param in reference.model.named_parameters():
+        expected = rl_grads[name] + param.grad
+        scale = float(expected.abs().max())
+        assert torch.allclose(grads[name], expected, rtol=1e-4, atol=1e-5 * scale), name

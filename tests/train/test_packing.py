@@ -130,6 +130,22 @@ def test_exported_rows_become_a_batch_with_labels_and_turn_spans() -> None:
     assert adv.adv_B_T[1, 4:7].tolist() == pytest.approx([-0.375] * 3)
 
 
+def test_extended_appends_rows_padded_to_the_longer_batch() -> None:
+    short = TrainBatch.from_rows([row("ep0", "a", 3, [2], [1.0])])
+    long = TrainBatch.from_rows([row("ep1", "b", 4, [3, 2], [0.0, 0.5])])
+    both = short.extended(long)
+    assert both.num_rows == 2 and both.input_ids_B_T.shape[1] == long.input_ids_B_T.shape[1]
+    assert both.episode_ids == ("ep0", "ep1") and both.group_ids == ("a", "b")
+    assert both.turn_spans == short.turn_spans + long.turn_spans
+    n = int(short.lengths_B[0])
+    assert torch.equal(both.input_ids_B_T[0, :n], short.input_ids_B_T[0])
+    assert not both.attention_mask_B_T[0, n:].any() and not both.loss_mask_B_T[0, n:].any()
+    assert torch.equal(both.behav_logprobs_B_T[1], long.behav_logprobs_B_T[0])
+    assert both.num_trained_tokens == short.num_trained_tokens + long.num_trained_tokens
+    # turn credit needs spans for every row: a batch without them drops them for all
+    assert short.extended(random_batch([5], vocab=10)).turn_spans is None
+
+
 def test_a_tensor_dict_without_behaviour_logprobs_is_refused() -> None:
     tensors = to_tensor_dict([row("ep0", "task", 3, [2], [1.0])])
     del tensors["logprobs"]

@@ -366,7 +366,8 @@ class Actor:
         `weights_B_T` (default: `token_weights` of this batch) are the tokens' shares of the loss:
         a data-parallel rank passes its rows' shares of the global batch's loss.
         `replay` (warm-up traces) adds `sft_replay_coef` times their mean token NLL to the same
-        step (PPO-ptx); it is skipped with the step when the RL batch has no trained token.
+        step (PPO-ptx), its rows scored in the RL rows' micro-batches (one pass of a common
+        prefix); it is skipped with the step when the RL batch has no trained token.
         """
         cfg = self.config
         started = time.perf_counter()
@@ -376,13 +377,30 @@ class Actor:
             weights_B_T = token_weights(batch.loss_mask_B_T, cfg.loss_agg)
         self.optimizer.zero_grad(set_to_none=True)
         self.compute_model.zero_grad(set_to_none=True)
-        parts, padded_tokens = [], 0
-        for mb in self.micro_batches(batch):
+        # The replay's rows run in the RL rows' micro-batches: both start with the agent's
+        # system prompt, so its prefix pass (and each pass's fixed costs) are paid once.
+        joint = replay if (replay is not None and cfg.sft_replay_coef > 0
+                           and batch.num_trained_tokens > 0) else None
+        scored = batch if joint is None else batch.extended(joint)
+        t_scored, t_batch = scored.input_ids_B_T.shape[1], batch.input_ids_B_T.shape[1]
+        parts, padded_tokens, replay_nll = [], 0, 0.0
+        for mb in self.micro_batches(scored):
             logprobs_N = self.token_logprobs(self.model, mb)
-            out = ppo_loss(logprobs_N, self._loss_inputs(batch, mb, logprobs_N, adv_B_T,
-                                                         weights_B_T, prox_logprobs_B_T,
-                                                         ref_logprobs_B_T), cfg)
-            self.backward(out.loss)
+            rl_logprobs, source_N, replay_logprobs = logprobs_N, mb.source_N, None
+            if joint is not None:
+                row_N, col_N = mb.source_N // t_scored, mb.source_N % t_scored
+                rl_N = row_N < batch.num_rows
+                rl_logprobs, replay_logprobs = logprobs_N[rl_N], logprobs_N[~rl_N]
+                source_N = row_N[rl_N] * t_batch + col_N[rl_N]
+            out = ppo_loss(rl_logprobs, self._loss_inputs(batch, source_N, rl_logprobs, adv_B_T,
+                                                          weights_B_T, prox_logprobs_B_T,
+                                                          ref_logprobs_B_T), cfg)
+            loss = out.loss
+            if joint is not None and replay_logprobs is not None:
+                nll = -replay_logprobs.sum() / max(joint.num_trained_tokens, 1)
+                loss = loss + cfg.sft_replay_coef * nll
+                replay_nll += float(nll.detach())
+            self.backward(loss)
             parts.append(out.stats)
             padded_tokens += mb.num_tokens
         metrics = merge_stats(parts)
@@ -392,8 +410,8 @@ class Actor:
         metrics = self._across_ranks(metrics)
         if metrics["n_tokens"] == 0:
             return metrics
-        if replay is not None and cfg.sft_replay_coef > 0:
-            metrics["sft_replay_loss"] = self.nll_backward(replay, cfg.sft_replay_coef)
+        if joint is not None:
+            metrics["sft_replay_loss"] = replay_nll
         metrics.update(self._optimizer_step())
         elapsed = time.perf_counter() - started
         metrics.update(update_s=elapsed, forward_tokens=float(padded_tokens),
@@ -413,21 +431,26 @@ class Actor:
     def _loss_inputs(
         self,
         batch: TrainBatch,
-        mb: MicroBatch,
+        source_N: torch.Tensor,
         logprobs_N: torch.Tensor,
         adv_B_T: torch.Tensor,
         weights_B_T: torch.Tensor,
         prox_B_T: torch.Tensor | None,
         ref_B_T: torch.Tensor | None,
     ) -> LossInputs:
+        """The loss's per-token inputs at `source_N`, flat indices into `batch`'s `[B, T]`."""
         dev = self.device
+
+        def take(values_B_T: torch.Tensor) -> torch.Tensor:
+            return values_B_T.reshape(-1)[source_N].to(dev)
+
         return LossInputs(
-            prox_logprobs=logprobs_N.detach() if prox_B_T is None else mb.take(prox_B_T).to(dev),
-            behav_logprobs=mb.take(batch.behav_logprobs_B_T).to(dev),
-            advantages=mb.take(adv_B_T).float().to(dev),
+            prox_logprobs=logprobs_N.detach() if prox_B_T is None else take(prox_B_T),
+            behav_logprobs=take(batch.behav_logprobs_B_T),
+            advantages=take(adv_B_T).float(),
             mask=torch.ones_like(logprobs_N, dtype=torch.bool),
-            weights=mb.take(weights_B_T).to(dev),
-            ref_logprobs=None if ref_B_T is None else mb.take(ref_B_T).to(dev),
+            weights=take(weights_B_T),
+            ref_logprobs=None if ref_B_T is None else take(ref_B_T),
         )
 
     def _across_ranks(self, metrics: dict[str, float]) -> dict[str, float]:

@@ -197,6 +197,36 @@ class TrainBatch:
             turn_rewards=pick(self.turn_rewards),
         )
 
+    def extended(self, other: TrainBatch) -> TrainBatch:
+        """This batch's rows, then `other`'s, padded to the longer of the two (row `b` of this
+        batch stays row `b`); turn spans and rewards kept only if both batches have them."""
+        t = max(self.input_ids_B_T.shape[1], other.input_ids_B_T.shape[1])
+
+        def cat(name: str) -> torch.Tensor:
+            a, b = getattr(self, name), getattr(other, name)
+            out = a.new_zeros(a.shape[0] + b.shape[0], t)
+            out[: a.shape[0], : a.shape[1]] = a
+            out[a.shape[0]:, : b.shape[1]] = b
+            return out
+
+        def join(name: str) -> Any:
+            a, b = getattr(self, name), getattr(other, name)
+            return None if a is None or b is None else a + b
+
+        return replace(
+            self,
+            input_ids_B_T=cat("input_ids_B_T"),
+            attention_mask_B_T=cat("attention_mask_B_T"),
+            loss_mask_B_T=cat("loss_mask_B_T"),
+            behav_logprobs_B_T=cat("behav_logprobs_B_T"),
+            versions_B_T=cat("versions_B_T"),
+            rewards_B=torch.cat([self.rewards_B, other.rewards_B]),
+            episode_ids=self.episode_ids + other.episode_ids,
+            group_ids=self.group_ids + other.group_ids,
+            turn_spans=join("turn_spans"),
+            turn_rewards=join("turn_rewards"),
+        )
+
 
 def minibatch_rows(num_rows: int, minibatches: int) -> list[list[int]]:
     """Row indices split into `minibatches` contiguous, near-equal parts (empty parts dropped).
