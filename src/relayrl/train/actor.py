@@ -383,6 +383,7 @@ class Actor:
                            and batch.num_trained_tokens > 0) else None
         scored = batch if joint is None else batch.extended(joint)
         t_scored, t_batch = scored.input_ids_B_T.shape[1], batch.input_ids_B_T.shape[1]
+        replay_tokens = 1 if joint is None else max(joint.num_trained_tokens, 1)
         parts, padded_tokens, replay_nll = [], 0, 0.0
         for mb in self.micro_batches(scored):
             logprobs_N = self.token_logprobs(self.model, mb)
@@ -396,8 +397,8 @@ class Actor:
                                                           weights_B_T, prox_logprobs_B_T,
                                                           ref_logprobs_B_T), cfg)
             loss = out.loss
-            if joint is not None and replay_logprobs is not None:
-                nll = -replay_logprobs.sum() / max(joint.num_trained_tokens, 1)
+            if replay_logprobs is not None:
+                nll = -replay_logprobs.sum() / replay_tokens
                 loss = loss + cfg.sft_replay_coef * nll
                 replay_nll += float(nll.detach())
             self.backward(loss)
