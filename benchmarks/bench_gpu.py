@@ -9,8 +9,9 @@ was written for (no network there), so the baseline here is transformers on the 
     `--new-tokens` tokens each (no stop ids), logprobs recorded as always; best of
     `--repeats` interleaved rounds, with the transformers rows in the same rounds;
   - `Actor.update` (bf16 copy of fp32 masters, the default) on bench_train's 16-row batch shaped
-    like the main job's episodes, and on its shared-prefix agent batch; model FLOPs (as in
-    bench_train) against the measured bf16 peak of an 8192^3 matmul on this GPU.
+    like the main job's episodes, and on its shared-prefix agent batch, each with unpadded
+    micro-batches (the default `packing`) and padded ones, interleaved (the best of each); model
+    FLOPs (as in bench_train) against the measured bf16 peak of an 8192^3 matmul on this GPU.
 Prints a markdown section (and writes it to `--out`): paste it into benchmarks/RESULTS.md.
 """
 
@@ -111,28 +112,33 @@ def engine_rows(path: str, new: int, repeats: int) -> list[Row]:
         engine.close()
 
 
-def update_rows(path: str, repeats: int) -> list[tuple[str, float, float, float]]:
-    """(batch, seconds, real tokens/s, model TFLOP/s) of the default update on the GPU."""
+def update_rows(path: str, repeats: int) -> list[tuple[str, str, float, float, float]]:
+    """(batch, packing, seconds, real tokens/s, model TFLOP/s) of the default update on the GPU,
+    each batch unpadded (the default) and padded, the cases interleaved in every round."""
     cfg = TrainConfig(micro_batch_tokens=4096)
     actor = Actor(path, cfg, device=DEVICE)
     body, head = param_counts(actor.model)
     vocab = actor.model.config.vocab_size
+    cases = [(name, batch, replace(cfg, share_prefix=share, packing=packing))
+             for name, batch, share in (("16 rows x 394-472 tokens", synthetic_batch(16, vocab), False),
+                                        ("16 agent rows, shared prefix", agent_batch(16, vocab), True))
+             for packing in ("unpad", "pad")]
+    fns = []
+    for _, batch, case_cfg in cases:
+        actor.config = case_cfg
+        fns.append(update_fn(actor, batch, case_cfg))
+        fns[-1]()  # warm-up: cuBLAS handles, the allocator's pools
+    best = [float("inf")] * len(cases)
+    metrics: list[dict[str, float]] = [{} for _ in cases]
+    for _ in tqdm(range(repeats), desc="update", unit="round"):
+        for i, ((_, _, case_cfg), fn) in enumerate(zip(cases, fns, strict=True)):
+            actor.config = case_cfg
+            elapsed = cuda_timed(lambda fn=fn, i=i: metrics.__setitem__(i, fn()))
+            best[i] = min(best[i], elapsed)
     out = []
-    for name, batch, share in (("16 rows x 394-472 tokens", synthetic_batch(16, vocab), False),
-                               ("16 agent rows, shared prefix", agent_batch(16, vocab), True)):
-        actor.config = replace(cfg, share_prefix=share)
-        fn = update_fn(actor, batch, actor.config)
-        fn()  # warm-up: cuBLAS handles, the allocator's pools
-        best, metrics = float("inf"), {}
-        for _ in range(repeats):
-            sync()
-            start = time.perf_counter()
-            m = fn()
-            sync()
-            if (elapsed := time.perf_counter() - start) < best:
-                best, metrics = elapsed, m
-        r = result(name, batch, best, metrics, body, head)
-        out.append((name, best, r.tok_s, r.flops / best / 1e12))
+    for (name, batch, case_cfg), seconds, m in zip(cases, best, metrics, strict=True):
+        r = result(name, batch, seconds, m, body, head)
+        out.append((name, case_cfg.packing, seconds, r.tok_s, r.flops / seconds / 1e12))
     return out
 
 
@@ -151,10 +157,10 @@ def render(meta: dict[str, str], rows: list[Row], updates, peak: float) -> str:
         lines.append(f"| {r.name} | {r.concurrency} | {r.tok_s:.0f} | {ratio:.2f}x | {ttft} |")
     lines += ["", f"`Actor.update` (bf16 copy, fp32 masters) on the GPU; bf16 matmul peak "
               f"measured {peak:.1f} TFLOP/s (a large square matmul).", "",
-              "| batch | seconds | tokens/s | model TFLOP/s | share of peak |",
-              "| --- | ---: | ---: | ---: | ---: |"]
-    for name, seconds, tok_s, tflops in updates:
-        lines.append(f"| {name} | {seconds:.3f} | {tok_s:.0f} | {tflops:.1f} | "
+              "| batch | packing | seconds | tokens/s | model TFLOP/s | share of peak |",
+              "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for name, packing, seconds, tok_s, tflops in updates:
+        lines.append(f"| {name} | {packing} | {seconds:.3f} | {tok_s:.0f} | {tflops:.1f} | "
                      f"{tflops / peak:.1%} |")
     return "\n".join(lines) + "\n"
 

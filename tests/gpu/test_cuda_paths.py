@@ -1,6 +1,6 @@
 """The CUDA paths of LocalEngine and Actor on the real default model: exact fp32 decoding, bf16
 by default, batching invariance, weights pushed from a GPU actor, and a GPU update that agrees
-with the CPU one.
+with the CPU one, for unpadded and padded micro-batches, shared prefixes and the SFT replay.
 
 CI has no GPU, so these are skipped there; on a GPU machine run `python -m pytest -m gpu`.
 `RELAYRL_TEST_DEVICE=cpu` runs the same checks on the CPU (to check the tests themselves).
@@ -26,6 +26,7 @@ from relayrl.train.config import TrainConfig
 from relayrl.train.packing import TrainBatch
 from relayrl.types import GenerateOutput, GenerateRequest, SamplingParams
 from train.test_real_step import one_group
+from train.test_shared_prefix import agent_batch
 
 DEVICE = os.environ.get("RELAYRL_TEST_DEVICE", "cuda")
 pytestmark = [
@@ -158,7 +159,8 @@ def signed_group(actor: Actor, model_dir: str) -> tuple[TrainBatch, torch.Tensor
     return adv.batch, adv.adv_B_T
 
 
-def captured_step(actor: Actor, batch: TrainBatch, adv: torch.Tensor
+def captured_step(actor: Actor, batch: TrainBatch, adv: torch.Tensor,
+                  replay: TrainBatch | None = None
                   ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """`update`, keeping the fp32 master gradients the optimizer step sees (on the CPU)."""
     grads: dict[str, torch.Tensor] = {}
@@ -170,7 +172,7 @@ def captured_step(actor: Actor, batch: TrainBatch, adv: torch.Tensor
         original(*args, **kwargs)  # type: ignore[arg-type]
 
     actor.optimizer.step = step  # type: ignore[method-assign]
-    return actor.update(batch, adv), grads
+    return actor.update(batch, adv, replay=replay), grads
 
 
 def cosine(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -202,6 +204,37 @@ def test_an_update_on_the_device_agrees_with_the_cpu_fp32_update(model_dir: str)
     for actor in (fp32, bf16):
         assert actor.step == actor.version == 1
         assert next(actor.model.parameters()).device.type == torch.device(DEVICE).type
+
+
+@pytest.mark.parametrize("packing,share", [("unpad", True), ("unpad", False), ("pad", True)])
+def test_unpadded_and_shared_prefix_micro_batches_on_the_device_take_the_cpu_step(
+    model_dir: str, packing: str, share: bool,
+) -> None:
+    # Agent rows (one system prompt, a question per group) with replayed rows in their
+    # micro-batches: on the device, unpadded pieces lay out as rows inside SDPA, whose CUDA
+    # kernels take no mask with grouped heads (train/attention.py); the reference is the CPU's
+    # plain padded rows, every token of every row run.
+    cfg = TrainConfig(lr=1e-5, bf16=False, micro_batch_tokens=140, length_bucket=1,
+                      sft_replay_coef=0.5)
+    cpu = Actor(model_dir, replace(cfg, packing="pad", share_prefix=False), device="cpu")
+    dev = Actor(model_dir, replace(cfg, packing=packing, share_prefix=share), device=DEVICE)
+    rows = agent_batch(cpu.model.config.vocab_size, groups=3, seed=4)
+    batch, replay = rows.select(range(6)), rows.select([6, 7, 8])
+    batch = TrainBatch(**{**batch.__dict__, "behav_logprobs_B_T": cpu.compute_logprobs(batch)})
+    assert all((mb.prefix_len > 0) == share for mb in dev.micro_batches(batch.extended(replay)))
+    assert all(mb.piece_lengths is None for mb in cpu.micro_batches(batch))
+    mask = batch.loss_mask_B_T
+    assert (dev.compute_logprobs(batch).cpu()[mask] - cpu.compute_logprobs(batch)[mask]
+            ).abs().max() <= FP32_LOGPROB_BOUND
+    adv = compute_advantages(batch, cfg).adv_B_T
+    (m_cpu, g_cpu), (m_dev, g_dev) = (captured_step(a, batch, adv, replay) for a in (cpu, dev))
+    assert m_dev["n_tokens"] == m_cpu["n_tokens"] == batch.num_trained_tokens
+    assert m_dev["loss"] == pytest.approx(m_cpu["loss"], rel=1e-3, abs=1e-4)
+    assert m_dev["sft_replay_loss"] == pytest.approx(m_cpu["sft_replay_loss"], rel=1e-4)
+    assert m_dev["grad_norm"] == pytest.approx(m_cpu["grad_norm"], rel=1e-3)
+    assert cosine(g_cpu, g_dev) > 0.9999
+    if share:  # the prefix ran once: fewer tokens than the CPU's full rows
+        assert m_dev["forward_tokens"] < m_cpu["forward_tokens"]
 
 
 async def test_a_device_actor_update_reaches_the_device_engine_and_moves_logprobs(
