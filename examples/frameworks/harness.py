@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -54,7 +55,11 @@ async def episode(gateway_url: str, admin_key: str | None, run: Agent, task: dic
             await gateway.set_reward(handle, reward)
         await gateway.end_session(handle)
         rows = await gateway.export(handle.session_id, style="individual")
-        return Episode(handle.session_id, reward, rows)
+    # claude-agent-sdk 0.2.187 drops the CLI's stdout pipe unclosed: collected once asyncio.run
+    # had closed the loop, it raised "Event loop is closed" at exit
+    gc.collect()
+    await asyncio.sleep(0)
+    return Episode(handle.session_id, reward, rows)
 
 
 def main(run: Agent, description: str, argv: list[str] | None = None) -> Episode:
