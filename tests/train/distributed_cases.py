@@ -14,8 +14,8 @@ from relayrl.train.actor import Actor
 from relayrl.train.config import TrainConfig
 from relayrl.train.packing import TrainBatch
 
-Case = tuple[str, TrainConfig, TrainBatch, torch.Tensor]
-"""(name, trainer settings, batch with the drop applied, per-token advantages)."""
+Case = tuple[str, TrainConfig, TrainBatch, torch.Tensor, TrainBatch | None]
+"""(name, trainer settings, batch with the drop applied, per-token advantages, SFT replay)."""
 
 
 def capture_gradients(actor: Actor) -> dict[str, torch.Tensor]:
@@ -38,9 +38,9 @@ def weights(actor: Actor) -> dict[str, torch.Tensor]:
 
 def one_step(actor: Actor, case: Case) -> dict[str, Any]:
     """One process: the step's gradients, the weights after it and its metrics."""
-    _, _, batch, adv_B_T = case
+    _, _, batch, adv_B_T, replay = case
     grads = capture_gradients(actor)
-    metrics = actor.update(batch, adv_B_T)
+    metrics = actor.update(batch, adv_B_T, replay=replay)
     return {"grads": dict(grads), "weights": weights(actor), "metrics": metrics}
 
 
@@ -56,13 +56,13 @@ def rank_worker(model_dir: str, cases: list[Case], out_dir: str) -> int:
     torch.set_num_threads(1)  # two ranks on a shared 2-core machine
     device = join_process_group(2)
     rank = dist.get_rank()
-    for name, cfg, batch, adv_B_T in cases:  # bounded by the cases
+    for name, cfg, batch, adv_B_T, replay in cases:  # bounded by the cases
         actor = DistributedActor(model_dir, cfg, device)
         actor.sync_state()
         grads = capture_gradients(actor)
         metrics = None
         if actor.is_leader:
-            metrics = actor.update(batch, adv_B_T)
+            metrics = actor.update(batch, adv_B_T, replay=replay)
             actor.stop_followers()
         else:
             actor.follow(max_messages=2)

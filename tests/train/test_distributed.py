@@ -19,8 +19,14 @@ from relayrl.errors import ConfigError
 from relayrl.train.actor import Actor
 from relayrl.train.advantages import compute_advantages
 from relayrl.train.config import TrainConfig
-from relayrl.train.distributed import join_process_group, row_costs, shard_groups
+from relayrl.train.distributed import (
+    join_process_group,
+    row_costs,
+    shard_groups,
+    shard_replay,
+)
 from relayrl.train.losses import token_weights
+from relayrl.trajectory import TrajectoryRow, write_jsonl
 
 from .conftest import random_batch
 from .distributed_cases import Case, crash_on_rank0, one_step, rank_worker
@@ -55,6 +61,14 @@ def test_fewer_groups_than_ranks_leaves_a_rank_empty() -> None:
     assert shard_groups(["g", "g", "g"], [4, 5, 6], 2) == [[0, 1, 2], []]
 
 
+def test_replay_rows_go_to_the_ranks_with_rl_tokens_least_loaded_first() -> None:
+    # rank 0 carries 30 RL tokens, rank 1 10: the largest replay rows fill rank 1 up first
+    assert shard_replay([12, 8, 5, 20], [30, 10]) == [[0], [1, 2, 3]]
+    assert shard_replay([12, 8, 5, 20], [0, 10]) == [[], [0, 1, 2, 3]]  # rank 0 takes no step
+    assert shard_replay([12, 8], [0, 0]) == [[], []]  # nobody does: no replay
+    assert shard_replay([4, 4, 4, 4], [10, 10, 10]) == [[0, 3], [1], [2]]
+
+
 def test_rows_without_trained_tokens_cost_nothing() -> None:
     batch = random_batch([6, 9, 4], vocab=50)
     batch = replace(batch, loss_mask_B_T=batch.loss_mask_B_T & (torch.arange(3) != 1)[:, None])
@@ -86,7 +100,7 @@ def test_a_process_outside_a_launch_is_told_how_to_start_ranks(monkeypatch) -> N
 # -- two ranks against one process --------------------------------------------------------------
 
 def _case(name: str, model_dir: str, lengths: list[int], groups: list[str],
-          **train: object) -> Case:
+          replay_lengths: list[int] | None = None, **train: object) -> Case:
     cfg = TrainConfig(bf16=False, lr=1e-3, checkpoint_every=0, **train)  # type: ignore[arg-type]
     batch = random_batch(lengths, vocab=49152, seed=len(lengths))
     g = torch.Generator().manual_seed(1)
@@ -97,7 +111,9 @@ def _case(name: str, model_dir: str, lengths: list[int], groups: list[str],
     noise = 0.05 * torch.randn(own.shape, generator=g)
     batch = replace(batch, behav_logprobs_B_T=(own + noise) * batch.loss_mask_B_T)
     adv = compute_advantages(batch, cfg)
-    return name, cfg, adv.batch, adv.adv_B_T
+    replay = (None if replay_lengths is None
+              else random_batch(replay_lengths, vocab=49152, seed=100 + len(replay_lengths)))
+    return name, cfg, adv.batch, adv.adv_B_T, replay
 
 
 def _max_rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -129,12 +145,19 @@ def test_two_ranks_take_the_same_step_as_one_process(tiny_llama_dir: str, tmp_pa
               ["a", "a", "a", "b", "b", "c", "c"], loss_agg="seq-mean-token-mean"),
         # one group for two ranks: rank 1 has nothing to train and adds zeros
         _case("one-group", tiny_llama_dir, [10, 13, 8], ["a", "a", "a"]),
+        # an SFT replay of 3 rows shared between the ranks (PPO-ptx): its loss is the mean
+        # NLL over all its trained tokens, as in one process
+        _case("replay", tiny_llama_dir, [12, 9, 15, 7], ["a", "a", "b", "b"],
+              replay_lengths=[14, 8, 11], sft_replay_coef=0.5, micro_batch_tokens=40),
+        # the replay with one group: rank 1 has no RL tokens, so every replay row runs on rank 0
+        _case("one-group-replay", tiny_llama_dir, [10, 13, 8], ["a", "a", "a"],
+              replay_lengths=[9, 12], sft_replay_coef=0.5),
     ]
     single = {c[0]: one_step(Actor(tiny_llama_dir, c[1]), c) for c in cases}
 
     assert launch_workers(2, rank_worker, tiny_llama_dir, cases, str(tmp_path)) == 0
 
-    for name, cfg, batch, _ in cases:
+    for name, cfg, batch, _, replay in cases:
         one = single[name]
         r0 = torch.load(tmp_path / f"{name}.rank0.pt")
         r1 = torch.load(tmp_path / f"{name}.rank1.pt")
@@ -155,7 +178,10 @@ def test_two_ranks_take_the_same_step_as_one_process(tiny_llama_dir: str, tmp_pa
         assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-5, abs=1e-7)
         assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5)
         assert m2["dp_world_size"] == 2
-        if name == "one-group":
+        if replay is not None:
+            assert m2["sft_replay_loss"] == pytest.approx(m1["sft_replay_loss"], rel=1e-5)
+            assert m1["sft_replay_loss"] > 1  # a random model's NLL: the replay was scored
+        if name.startswith("one-group"):
             assert m2["dp_rank_tokens_min"] == 0
         else:  # both ranks trained on something
             assert m2["dp_rank_tokens_min"] > 0
@@ -209,6 +235,15 @@ class MadeUp(RolloutWorkflow):
 def test_relayrl_train_runs_two_ranks_end_to_end(tiny_llama_dir: str, tmp_path: Path) -> None:
     (tmp_path / "dist_agent.py").write_text(AGENT)
     (tmp_path / "data.jsonl").write_text("".join(json.dumps({"q": i}) + "\n" for i in range(4)))
+    # warm-up traces: a warm-start on rank 0, then 3 of them replayed in every step (PPO-ptx),
+    # shared between the ranks
+    g = torch.Generator().manual_seed(7)
+    write_jsonl([TrajectoryRow(
+        session_id=f"t{i}", task_id="t", segment_id=f"t{i}/s", style="concat",
+        interaction_ids=[f"t{i}/c"], input_ids=torch.randint(10, 1000, (14,), generator=g).tolist(),
+        loss_mask=[0] * 6 + [1] * 8, logprobs=[0.0] * 6 + [-5.0] * 8, versions=[-1] * 6 + [0] * 8,
+        reward=1.0, turn_spans=[(6, 14)], turn_rewards=[1.0]) for i in range(4)],
+        tmp_path / "traces.jsonl")
     (tmp_path / "config.yaml").write_text(textwrap.dedent(f"""\
         experiment_name: ddp
         trial_name: t
@@ -217,8 +252,9 @@ def test_relayrl_train_runs_two_ranks_end_to_end(tiny_llama_dir: str, tmp_path: 
         workflow: dist_agent.MadeUp
         data: {{train: {tmp_path / "data.jsonl"}}}
         rollout: {{group_size: 2, batch_size: 2, progress: false, episode_timeout_s: 60}}
+        sft: {{data: {tmp_path / "traces.jsonl"}, rows_per_step: 2}}
         train: {{total_steps: 2, lr: 1.0e-4, bf16: false, checkpoint_every: 0,
-                 save_optimizer: false}}
+                 save_optimizer: false, sft_replay_coef: 0.5, sft_replay_rows: 3}}
         """))
     src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -233,5 +269,6 @@ def test_relayrl_train_runs_two_ranks_end_to_end(tiny_llama_dir: str, tmp_path: 
     for s in trained:  # two ranks, one group each
         assert s["dp_world_size"] == 2 and s["dp_rank_tokens_min"] == s["dp_rank_tokens_max"] == 20
         assert s["n_tokens"] == 40
+        assert s["sft_replay_loss"] > 1  # the tiny random model's NLL, summed over the ranks
     (checkpoint,) = (run / "checkpoints").iterdir()
     assert json.loads((checkpoint / "relayrl_state.json").read_text())["version"] == 2

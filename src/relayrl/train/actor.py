@@ -356,6 +356,7 @@ class Actor:
         ref_logprobs_B_T: torch.Tensor | None = None,
         weights_B_T: torch.Tensor | None = None,
         replay: TrainBatch | None = None,
+        replay_tokens: int | None = None,
     ) -> dict[str, float]:
         """One optimizer step on the batch's trained tokens; returns metrics.
 
@@ -368,6 +369,8 @@ class Actor:
         `replay` (warm-up traces) adds `sft_replay_coef` times their mean token NLL to the same
         step (PPO-ptx), its rows scored in the RL rows' micro-batches (one pass of a common
         prefix); it is skipped with the step when the RL batch has no trained token.
+        `replay_tokens` (default: `replay`'s own) is what the mean divides by: a data-parallel
+        rank passes the trained tokens of the whole replay, of which it holds a part.
         """
         cfg = self.config
         started = time.perf_counter()
@@ -383,7 +386,10 @@ class Actor:
                            and batch.num_trained_tokens > 0) else None
         scored = batch if joint is None else batch.extended(joint)
         t_scored, t_batch = scored.input_ids_B_T.shape[1], batch.input_ids_B_T.shape[1]
-        replay_tokens = 1 if joint is None else max(joint.num_trained_tokens, 1)
+        if joint is None:
+            replay_tokens = 1
+        elif replay_tokens is None:
+            replay_tokens = max(joint.num_trained_tokens, 1)
         parts, padded_tokens, replay_nll = [], 0, 0.0
         for mb in self.micro_batches(scored):
             logprobs_N = self.token_logprobs(self.model, mb)
@@ -408,11 +414,11 @@ class Actor:
         if metrics["n_tokens"]:
             lag_N = (self.version - batch.versions_B_T)[batch.loss_mask_B_T].float()
             metrics.update(staleness_mean=float(lag_N.mean()), staleness_max=float(lag_N.max()))
+        if joint is not None:  # a sum: each rank's part of the replay's mean
+            metrics["sft_replay_loss"] = replay_nll
         metrics = self._across_ranks(metrics)
         if metrics["n_tokens"] == 0:
             return metrics
-        if joint is not None:
-            metrics["sft_replay_loss"] = replay_nll
         metrics.update(self._optimizer_step())
         elapsed = time.perf_counter() - started
         metrics.update(update_s=elapsed, forward_tokens=float(padded_tokens),

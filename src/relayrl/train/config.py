@@ -80,10 +80,6 @@ class TrainConfig:
         if self.kl_reference == "warm_start" and self.world_size > 1:
             # rank 0 alone runs the warm-start; the other ranks would score against another model
             raise ConfigError("kl_reference=warm_start needs world_size=1")
-        if self.sft_replay_coef > 0 and self.world_size > 1:
-            # the replayed rows would be drawn on rank 0 alone, and the other ranks' gradients
-            # would miss their share of the SFT loss
-            raise ConfigError("sft_replay_coef > 0 needs world_size=1")
         if self.packing == "unpad" and self.attn_implementation != "sdpa":
             # only relayrl's SDPA function knows where an unpadded micro-batch's rows are
             raise ConfigError(f"packing=unpad needs attn_implementation=sdpa, got "

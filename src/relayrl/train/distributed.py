@@ -17,7 +17,9 @@ the tokens each rank must run forward, and scatters each rank its rows with thei
 loss shares (`Shard`). Whole groups, although advantages are already computed, so that a rank's
 rows are a self-contained set of groups (a group is never split across ranks, and a rank could
 recompute its own advantages and get the same numbers); advantages on the full batch, so that
-nothing about them depends on the number of ranks.
+nothing about them depends on the number of ranks. An SFT replay (PPO-ptx rows drawn by rank 0)
+is shared row by row among the ranks that have RL tokens (`shard_replay`), each rank's NLL sum
+divided by the whole replay's trained tokens, so that it too adds up to one process's loss.
 
 Why the gradients are summed, not averaged, and why not the `DistributedDataParallel` wrapper.
 Each rank's loss is already its exact share of the global loss, so the global gradient is the
@@ -74,6 +76,10 @@ class Shard:
     """Rank 0's weight version (followers report staleness against it)."""
     prox_logprobs_B_T: torch.Tensor | None = None
     ref_logprobs_B_T: torch.Tensor | None = None
+    replay: TrainBatch | None = None
+    """This rank's rows of the step's SFT replay (warm-up traces), if any."""
+    replay_tokens: int = 1
+    """Trained tokens of the whole replay: each rank's NLL sum divides by them."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,21 @@ def shard_groups(group_ids: Sequence[str], costs: Sequence[int], world_size: int
     return [sorted(s) for s in shards]
 
 
+def shard_replay(costs: Sequence[int], rl_costs: Sequence[int]) -> list[list[int]]:
+    """Replay row indices per rank: each row (largest first) to the least loaded rank that has
+    RL tokens of its own, load counted with its RL rows; none where no rank has any."""
+    live = [r for r, c in enumerate(rl_costs) if c > 0]
+    shards: list[list[int]] = [[] for _ in rl_costs]
+    if not live:
+        return shards
+    load = list(rl_costs)
+    for i in sorted(range(len(costs)), key=lambda i: -costs[i]):  # stable: ties keep row order
+        r = min(live, key=lambda k: (load[k], k))
+        shards[r].append(i)
+        load[r] += costs[i]
+    return [sorted(s) for s in shards]
+
+
 def all_reduce_gradients(params: Sequence[torch.nn.Parameter]) -> None:
     """Sum every parameter's gradient over the ranks, in place (a parameter no rank gave a
     gradient keeps `grad = None`)."""
@@ -213,21 +234,37 @@ class DistributedActor(Actor):
         weights_B_T: torch.Tensor | None = None,
         replay: TrainBatch | None = None,
     ) -> dict[str, float]:
-        """Rank 0: one optimizer step on the whole batch, shared among the ranks by groups."""
-        if replay is not None:  # TrainConfig refuses sft_replay_coef with world_size > 1
-            raise ConfigError("an SFT replay needs world_size=1")
+        """Rank 0: one optimizer step on the whole batch, shared among the ranks by groups.
+
+        A `replay` (warm-up traces, PPO-ptx) is shared too, row by row, among the ranks that
+        have RL tokens: its loss is the mean NLL over all its trained tokens, as in one process.
+        """
         if not self.is_leader:
             raise RuntimeError("only rank 0 calls update(); the other ranks call follow()")
         if weights_B_T is None:  # shares of the global loss, whoever computes the token
             weights_B_T = token_weights(batch.loss_mask_B_T, self.config.loss_agg)
-        plan = shard_groups(batch.group_ids, row_costs(batch), self.world_size)
+        costs = row_costs(batch)
+        plan = shard_groups(batch.group_ids, costs, self.world_size)
+        # One process skips the replay with a step that has no RL token; here a rank without
+        # RL tokens gets none of it, so each replay row runs where the step is taken.
+        use_replay = (replay is not None and self.config.sft_replay_coef > 0
+                      and batch.num_trained_tokens > 0)
+        replay_plan: list[list[int]] = [[] for _ in plan]
+        replay_tokens = 1
+        if use_replay:
+            assert replay is not None
+            replay_plan = shard_replay(row_costs(replay),
+                                       [sum(costs[i] for i in rows) for rows in plan])
+            replay_tokens = max(replay.num_trained_tokens, 1)
         shards = []
-        for rows in plan:
+        for rows, replay_rows in zip(plan, replay_plan, strict=True):
             index = torch.tensor(rows, dtype=torch.long)
             shards.append(Shard(
                 batch=batch.select(rows), adv_B_T=adv_B_T[index], weights_B_T=weights_B_T[index],
                 version=self.version, prox_logprobs_B_T=_select(prox_logprobs_B_T, rows),
-                ref_logprobs_B_T=_select(ref_logprobs_B_T, rows)))
+                ref_logprobs_B_T=_select(ref_logprobs_B_T, rows),
+                replay=replay.select(replay_rows) if replay is not None and replay_rows else None,
+                replay_tokens=replay_tokens))
         return self._run_shard(self._scatter(shards))
 
     def sync_followers(self) -> None:
@@ -272,7 +309,8 @@ class DistributedActor(Actor):
     def _run_shard(self, shard: Shard) -> dict[str, float]:
         self.version = shard.version
         return Actor.update(self, shard.batch, shard.adv_B_T, shard.prox_logprobs_B_T,
-                            shard.ref_logprobs_B_T, weights_B_T=shard.weights_B_T)
+                            shard.ref_logprobs_B_T, weights_B_T=shard.weights_B_T,
+                            replay=shard.replay, replay_tokens=shard.replay_tokens)
 
     def _scatter(self, messages: list[Any] | None) -> Any:
         out: list[Any] = [None]

@@ -30,7 +30,7 @@ from relayrl.train.config import TrainConfig
 _MAX_LOG_RATIO = 20.0
 """Log-ratios are clamped to this before `exp`, so one wild token cannot make an inf."""
 
-SUM_STATS = frozenset({"loss", "pg_loss", "kl_loss", "n_tokens"})
+SUM_STATS = frozenset({"loss", "pg_loss", "kl_loss", "n_tokens", "sft_replay_loss"})
 """Stats that add across micro-batches; `*_max` / `*_min` take the max / min, others average."""
 
 
