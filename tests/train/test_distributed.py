@@ -236,7 +236,7 @@ def test_relayrl_train_runs_two_ranks_end_to_end(tiny_llama_dir: str, tmp_path: 
     (tmp_path / "dist_agent.py").write_text(AGENT)
     (tmp_path / "data.jsonl").write_text("".join(json.dumps({"q": i}) + "\n" for i in range(4)))
     # warm-up traces: a warm-start on rank 0, then 3 of them replayed in every step (PPO-ptx),
-    # shared between the ranks
+    # shared between the ranks; the KL's reference is the policy after the warm-start
     g = torch.Generator().manual_seed(7)
     write_jsonl([TrajectoryRow(
         session_id=f"t{i}", task_id="t", segment_id=f"t{i}/s", style="concat",
@@ -252,9 +252,10 @@ def test_relayrl_train_runs_two_ranks_end_to_end(tiny_llama_dir: str, tmp_path: 
         workflow: dist_agent.MadeUp
         data: {{train: {tmp_path / "data.jsonl"}}}
         rollout: {{group_size: 2, batch_size: 2, progress: false, episode_timeout_s: 60}}
-        sft: {{data: {tmp_path / "traces.jsonl"}, rows_per_step: 2}}
         train: {{total_steps: 2, lr: 1.0e-4, bf16: false, checkpoint_every: 0,
-                 save_optimizer: false, sft_replay_coef: 0.5, sft_replay_rows: 3}}
+                 save_optimizer: false, sft_replay_coef: 0.5, sft_replay_rows: 3,
+                 kl_coef: 0.05, kl_reference: warm_start}}
+        sft: {{data: {tmp_path / "traces.jsonl"}, rows_per_step: 2, lr: 1.0e-2}}
         """))
     src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -270,5 +271,11 @@ def test_relayrl_train_runs_two_ranks_end_to_end(tiny_llama_dir: str, tmp_path: 
         assert s["dp_world_size"] == 2 and s["dp_rank_tokens_min"] == s["dp_rank_tokens_max"] == 20
         assert s["n_tokens"] == 40
         assert s["sft_replay_loss"] > 1  # the tiny random model's NLL, summed over the ranks
-    (checkpoint,) = (run / "checkpoints").iterdir()
+    # Step 1's policy is the warm-start on both ranks: scored against it, the KL is 0 (rank 1
+    # scoring against the model as loaded sees the warm-start's move: 0.46 measured).
+    assert trained[0]["ref_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert trained[1]["ref_kl"] > 0
+    # the last step's checkpoint, and the warm-start kept as the KL's reference
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_2", "warm_start"]
+    checkpoint = run / "checkpoints" / "step_2"
     assert json.loads((checkpoint / "relayrl_state.json").read_text())["version"] == 2

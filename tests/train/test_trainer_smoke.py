@@ -25,11 +25,10 @@ def test_the_example_config_loads_and_bad_overrides_name_their_key() -> None:
         load_config(RelayConfig, CONFIG, ["rollout.group_size=eight"])
     with pytest.raises(ConfigError, match="kl_reference"):
         load_config(RelayConfig, CONFIG, ["train.kl_reference=sft"])
-    with pytest.raises(ConfigError, match="world_size=1"):
-        load_config(RelayConfig, CONFIG, ["train.kl_reference=warm_start", "train.world_size=2"])
-    # the replay is shared among data-parallel ranks (tests/train/test_distributed.py)
-    assert load_config(RelayConfig, CONFIG, ["train.sft_replay_coef=0.5",
-                                             "train.world_size=2"]).train.world_size == 2
+    # both work with data-parallel ranks (tests/train/test_distributed.py)
+    assert load_config(RelayConfig, CONFIG, [
+        "train.kl_reference=warm_start", "train.sft_replay_coef=0.5", "train.world_size=2",
+    ]).train.world_size == 2
     with pytest.raises(ConfigError, match="sft_replay_coef must be >= 0"):
         load_config(RelayConfig, CONFIG, ["train.sft_replay_coef=-1"])
 

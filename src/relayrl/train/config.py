@@ -40,7 +40,7 @@ class TrainConfig:
     eps_clip_low: float = 0.2                 # ratio may fall to 1 - this before the clip stops the gradient
     eps_clip_high: float = 0.28               # ratio may rise to 1 + this (DAPO's clip-higher keeps exploring)
     kl_coef: float = 0.0                      # weight of the k3 KL to the reference model; 0 loads no reference
-    kl_reference: Literal["initial", "warm_start"] = "initial"  # the reference: the model as loaded, or the policy after the SFT warm-start (one rank)
+    kl_reference: Literal["initial", "warm_start"] = "initial"  # the reference: the model as loaded, or the policy after the SFT warm-start
     sft_replay_coef: float = 0.0              # weight of an SFT loss on `sft_replay_rows` warm-up traces added to every RL step (PPO-ptx); 0 = off
     sft_replay_rows: int = 4                  # warm-up traces drawn for each RL step's SFT loss (with sft_replay_coef > 0)
     loss_agg: LossAgg = "token"               # token: mean over all trained tokens; seq-mean-*: mean over rows
@@ -77,9 +77,6 @@ class TrainConfig:
             raise ConfigError(f"eps_clip_low must be < 1, got {self.eps_clip_low}")
         if self.kl_reference not in ("initial", "warm_start"):
             raise ConfigError(f"kl_reference must be initial or warm_start, got {self.kl_reference!r}")
-        if self.kl_reference == "warm_start" and self.world_size > 1:
-            # rank 0 alone runs the warm-start; the other ranks would score against another model
-            raise ConfigError("kl_reference=warm_start needs world_size=1")
         if self.packing == "unpad" and self.attn_implementation != "sdpa":
             # only relayrl's SDPA function knows where an unpadded micro-batch's rows are
             raise ConfigError(f"packing=unpad needs attn_implementation=sdpa, got "

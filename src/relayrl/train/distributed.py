@@ -43,6 +43,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -85,6 +86,13 @@ class Shard:
 @dataclass(frozen=True)
 class _SyncState:
     """Command: take rank 0's weights, optimizer state, step and version."""
+
+
+@dataclass(frozen=True)
+class _SetReference:
+    """Command: score the KL against the model rank 0 saved at `path` (its warm-start)."""
+
+    path: str
 
 
 @dataclass(frozen=True)
@@ -272,6 +280,13 @@ class DistributedActor(Actor):
         self._scatter([_SyncState()] * self.world_size)
         self.sync_state()
 
+    def set_reference(self, path: str | Path) -> None:
+        """Rank 0: take the KL reference from `path`, and have the other ranks take it too (they
+        read the same directory: one machine, or a file system they share)."""
+        if self.is_leader:
+            self._scatter([_SetReference(str(path))] * self.world_size)
+        super().set_reference(path)
+
     def stop_followers(self) -> None:
         """Rank 0: end the other ranks' `follow`."""
         self._scatter([_Stop()] * self.world_size)
@@ -302,6 +317,8 @@ class DistributedActor(Actor):
                 return n
             if isinstance(message, _SyncState):
                 self.sync_state()
+            elif isinstance(message, _SetReference):
+                Actor.set_reference(self, message.path)
             else:
                 self._run_shard(message)
         raise RuntimeError(f"rank {self.rank}: more than {max_messages} commands from rank 0")
