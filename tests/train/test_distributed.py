@@ -15,12 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from relayrl.config import RelayConfig
 from relayrl.errors import ConfigError
+from relayrl.launch.run import train as run_train
 from relayrl.train.actor import Actor
 from relayrl.train.advantages import compute_advantages
 from relayrl.train.config import TrainConfig
 from relayrl.train.distributed import (
     join_process_group,
+    rank_device,
     row_costs,
     shard_groups,
     shard_replay,
@@ -95,6 +98,22 @@ def test_a_process_outside_a_launch_is_told_how_to_start_ranks(monkeypatch) -> N
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(ConfigError, match="relayrl train"):
         join_process_group(2)
+
+
+def test_a_rank_without_a_gpu_of_its_own_is_refused_before_any_rank_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert rank_device(0) == torch.device("cuda", 0)
+    with pytest.raises(ConfigError, match="GPU of its own: LOCAL_RANK=1, but this machine has 1"):
+        rank_device(1)
+    started: list[int] = []
+    monkeypatch.setattr("relayrl.launch.run.launch_workers", lambda n, *a, **k: started.append(n))
+    cfg = RelayConfig(fileroot=str(tmp_path), train=TrainConfig(world_size=2))
+    with pytest.raises(ConfigError, match=r"train\.world_size to at most 1"):
+        run_train(cfg, [{"q": 0}], workflow="unused.Agent")
+    assert not started
 
 
 # -- two ranks against one process --------------------------------------------------------------

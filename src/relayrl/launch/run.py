@@ -15,6 +15,7 @@ from relayrl.errors import ConfigError
 from relayrl.launch.distributed import in_worker, launch_workers
 from relayrl.launch.local import LocalLauncher
 from relayrl.launch.process import add_import_path, keep_freed_heap
+from relayrl.train.distributed import rank_device
 from relayrl.train.ports import Launcher
 from relayrl.train.trainer import PPOTrainer, TrainResult, load_dataset
 
@@ -38,6 +39,7 @@ def train(config: RelayConfig, train_dataset: Sequence[dict[str, Any]],
     this function (rank 0 also runs the engine, gateway and rollouts); returns rank 0's result.
     """
     if config.train.world_size > 1 and not in_worker():
+        rank_device(config.train.world_size - 1)  # one GPU per rank: refused before any starts
         return launch_workers(config.train.world_size, train, config, train_dataset,
                               eval_dataset, workflow=workflow, workflow_kwargs=workflow_kwargs,
                               eval_workflow_kwargs=eval_workflow_kwargs)

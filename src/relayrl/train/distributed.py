@@ -105,15 +105,26 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+def rank_device(local_rank: int) -> torch.device:
+    """The device of the rank with this LOCAL_RANK: its own GPU, or the CPU where CUDA is not."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        # NCCL refuses two ranks on one GPU, and cuda:N past the last GPU fails deep in CUDA
+        raise ConfigError(
+            f"a trainer rank needs a GPU of its own: LOCAL_RANK={local_rank}, but this machine "
+            f"has {count}; set train.world_size to at most {count} per machine")
+    return torch.device("cuda", local_rank)
+
+
 def join_process_group(world_size: int) -> torch.device:
     """Join (or check) the process group of `world_size` ranks; returns this rank's device.
 
     Reads the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK),
     which `relayrl.launch.distributed` or `torchrun` set.
     """
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = (torch.device("cuda", local_rank) if torch.cuda.is_available()
-              else torch.device("cpu"))
+    device = rank_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
         env_size = os.environ.get("WORLD_SIZE")
         if env_size is None or int(env_size) != world_size:
