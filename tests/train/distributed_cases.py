@@ -12,10 +12,11 @@ import torch
 
 from relayrl.train.actor import Actor
 from relayrl.train.config import TrainConfig
-from relayrl.train.packing import TrainBatch
+from relayrl.train.packing import TrainBatch, minibatch_rows
 
 Case = tuple[str, TrainConfig, TrainBatch, torch.Tensor, TrainBatch | None]
-"""(name, trainer settings, batch with the drop applied, per-token advantages, SFT replay)."""
+"""(name, trainer settings, batch with the drop applied, per-token advantages, SFT replay).
+With `train.minibatches` > 1 the rows are split as the trainer splits them (`minibatch_steps`)."""
 
 
 def capture_gradients(actor: Actor) -> dict[str, torch.Tensor]:
@@ -36,12 +37,24 @@ def weights(actor: Actor) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in actor.model.named_parameters()}
 
 
+def minibatch_steps(actor: Actor, case: Case) -> dict[str, float]:
+    """The case's update: one optimizer step, or one per minibatch as `PPOTrainer` takes them
+    (contiguous parts against the batch-start logprobs, the version moved by the last)."""
+    _, cfg, batch, adv_B_T, replay = case
+    parts = minibatch_rows(batch.num_rows, cfg.minibatches)
+    if len(parts) == 1:
+        return actor.update(batch, adv_B_T, replay=replay)
+    prox_B_T = actor.compute_logprobs(batch)
+    return [actor.update(batch.select(rows), adv_B_T[rows], prox_B_T[rows], replay=replay,
+                         advance=i == len(parts) - 1) for i, rows in enumerate(parts)][-1]
+
+
 def one_step(actor: Actor, case: Case) -> dict[str, Any]:
-    """One process: the step's gradients, the weights after it and its metrics."""
-    _, _, batch, adv_B_T, replay = case
+    """One process: the step's (last) gradients, the weights after it and its metrics."""
     grads = capture_gradients(actor)
-    metrics = actor.update(batch, adv_B_T, replay=replay)
-    return {"grads": dict(grads), "weights": weights(actor), "metrics": metrics}
+    metrics = minibatch_steps(actor, case)
+    return {"grads": dict(grads), "weights": weights(actor), "metrics": metrics,
+            "version": actor.version}
 
 
 def rank_worker(model_dir: str, cases: list[Case], out_dir: str) -> int:
@@ -56,18 +69,19 @@ def rank_worker(model_dir: str, cases: list[Case], out_dir: str) -> int:
     torch.set_num_threads(1)  # two ranks on a shared 2-core machine
     device = join_process_group(2)
     rank = dist.get_rank()
-    for name, cfg, batch, adv_B_T, replay in cases:  # bounded by the cases
+    for case in cases:  # bounded by the cases
+        name, cfg = case[0], case[1]
         actor = DistributedActor(model_dir, cfg, device)
         actor.sync_state()
         grads = capture_gradients(actor)
         metrics = None
         if actor.is_leader:
-            metrics = actor.update(batch, adv_B_T, replay=replay)
+            metrics = minibatch_steps(actor, case)
             actor.stop_followers()
         else:
-            actor.follow(max_messages=2)
-        torch.save({"grads": dict(grads), "weights": weights(actor), "metrics": metrics},
-                   Path(out_dir) / f"{name}.rank{rank}.pt")
+            actor.follow(max_messages=cfg.minibatches + 1)
+        torch.save({"grads": dict(grads), "weights": weights(actor), "metrics": metrics,
+                    "version": actor.version}, Path(out_dir) / f"{name}.rank{rank}.pt")
     return rank
 
 

@@ -171,6 +171,9 @@ def test_two_ranks_take_the_same_step_as_one_process(tiny_llama_dir: str, tmp_pa
         # the replay with one group: rank 1 has no RL tokens, so every replay row runs on rank 0
         _case("one-group-replay", tiny_llama_dir, [10, 13, 8], ["a", "a", "a"],
               replay_lengths=[9, 12], sft_replay_coef=0.5),
+        # two optimizer steps on halves of the rows, the second against the batch-start logprobs
+        _case("minibatches", tiny_llama_dir, [12, 9, 15, 7, 11, 10], ["a", "a", "b", "b", "c", "c"],
+              minibatches=2),
     ]
     single = {c[0]: one_step(Actor(tiny_llama_dir, c[1]), c) for c in cases}
 
@@ -193,10 +196,12 @@ def test_two_ranks_take_the_same_step_as_one_process(tiny_llama_dir: str, tmp_pa
         assert all(torch.equal(r0["grads"][k], r1["grads"][k]) for k in r0["grads"])
         assert all(torch.equal(r0["weights"][k], r1["weights"][k]) for k in r0["weights"])
         m1, m2 = one["metrics"], r0["metrics"]
-        assert m2["n_tokens"] == m1["n_tokens"] == batch.num_trained_tokens
+        assert m2["n_tokens"] == m1["n_tokens"]  # (the last minibatch's, with several)
+        assert (m1["n_tokens"] == batch.num_trained_tokens) == (cfg.minibatches == 1)
         assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-5, abs=1e-7)
         assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5)
         assert m2["dp_world_size"] == 2
+        assert r0["version"] == r1["version"] == one["version"] == 1  # once a batch
         if replay is not None:
             assert m2["sft_replay_loss"] == pytest.approx(m1["sft_replay_loss"], rel=1e-5)
             assert m1["sft_replay_loss"] > 1  # a random model's NLL: the replay was scored

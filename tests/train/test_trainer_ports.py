@@ -17,6 +17,7 @@ import torch
 from relayrl.config import RelayConfig
 from relayrl.errors import ConfigError, InvalidRequest
 from relayrl.rollout import RolloutConfig, RolloutController
+from relayrl.train.actor import Actor
 from relayrl.train.config import TrainConfig
 from relayrl.train.packing import TrainBatch
 from relayrl.train.trainer import PPOTrainer
@@ -112,6 +113,36 @@ def test_turn_advantages_train_through_the_trainer_on_a_launcher_it_was_handed(
     assert [r.seed for r in services.rollouts] == [7]  # the run's seed orders the data
     metrics = (cfg.log_dir / "metrics.jsonl").read_text()
     assert '"loss"' in metrics and '"trained_tokens"' in metrics
+
+
+@pytest.mark.slow
+def test_minibatches_take_an_optimizer_step_each_and_the_batch_one_version(
+        tmp_path: Path, tiny_llama_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = _tiny_run(tmp_path, tiny_llama_dir, "mb", total_steps=2, train={"minibatches": 2},
+                    batch_size=2)
+    applied: list[int] = []
+    apply = Actor.apply_gradients
+    monkeypatch.setattr(Actor, "apply_gradients",
+                        lambda self, lr: (applied.append(self.version), apply(self, lr)))
+    proximal: list[torch.Tensor | None] = []
+    update = Actor.update
+    monkeypatch.setattr(Actor, "update", lambda self, batch, adv, prox=None, *a, **k: (
+        proximal.append(prox), update(self, batch, adv, prox, *a, **k))[1])
+    services = InProcessServices()
+    result = PPOTrainer(cfg, [{"q": 1}, {"q": 2}],
+                        launcher=_handing(services)).train(TwoTurnWorkflow())
+    assert result.steps == 2
+    # two groups of two a batch, every row trains: two optimizer steps of two rows each, the
+    # version moving once a batch, and the engine sent each batch's final weights
+    assert applied == [0, 0, 1, 1]
+    assert services.engine.versions == [1, 2]
+    assert all(p is not None and p.shape[0] == 2 for p in proximal)  # the batch-start policy
+    steps = [json.loads(line) for line in (cfg.log_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = [m for m in steps if "loss" in m]
+    assert [m["step"] for m in trained] == [1, 2]
+    assert all(m["minibatches"] == 2 and m["n_tokens"] == 4 * 9 for m in trained)
+    # the second minibatch is scored against the weights before the first: its ratios moved
+    assert all(abs(m["ratio_mean"] - 1.0) > 1e-7 for m in trained)
 
 
 class SlowEvalWorkflow(TwoTurnWorkflow):

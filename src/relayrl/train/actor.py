@@ -20,7 +20,8 @@ residual stream in fp32, which made the backward 4.5-5x the forward on this CPU
 
 Tradeoff: proximal logprobs default to the detached logprobs of the update's own forward pass
 (same weights, same numerics: identical to recomputing them) when one optimizer step is taken
-per batch; with several minibatches per batch the caller computes them once up front.
+per batch; with several minibatches per batch the caller computes them once up front (the policy
+that starts the batch) and passes `advance=False` to all but the last.
 """
 
 from __future__ import annotations
@@ -161,9 +162,11 @@ class Actor:
                 layer.register_forward_pre_hook(self._follow_threads)
                 layer.register_forward_hook(self._follow_threads_in_backward)
         self.step = 0
-        """Optimizer steps taken (across resumes)."""
+        """Training steps taken (across resumes): one per rollout batch, however many optimizer
+        steps its minibatches took."""
         self.version = 0
-        """Weight version: bumped by every optimizer step; what the engine is told it serves."""
+        """Weight version: bumped with `step`; what the engine is told it serves."""
+        self._moved = False  # weights changed since `step` last advanced (minibatches)
         self._reference: Any = None
         self._reference_compute: Any = None
 
@@ -357,6 +360,7 @@ class Actor:
         weights_B_T: torch.Tensor | None = None,
         replay: TrainBatch | None = None,
         replay_tokens: int | None = None,
+        advance: bool = True,
     ) -> dict[str, float]:
         """One optimizer step on the batch's trained tokens; returns metrics.
 
@@ -371,6 +375,8 @@ class Actor:
         prefix); it is skipped with the step when the RL batch has no trained token.
         `replay_tokens` (default: `replay`'s own) is what the mean divides by: a data-parallel
         rank passes the trained tokens of the whole replay, of which it holds a part.
+        `advance=False` (every minibatch of a rollout batch but its last) steps the weights but
+        leaves `step` and `version` to the batch's last minibatch.
         """
         cfg = self.config
         started = time.perf_counter()
@@ -419,7 +425,7 @@ class Actor:
         metrics = self._across_ranks(metrics)
         if metrics["n_tokens"] == 0:
             return metrics
-        metrics.update(self._optimizer_step())
+        metrics.update(self._optimizer_step(advance))
         elapsed = time.perf_counter() - started
         metrics.update(update_s=elapsed, forward_tokens=float(padded_tokens),
                        tokens_per_s=padded_tokens / max(elapsed, 1e-9))
@@ -467,18 +473,24 @@ class Actor:
     def _sync_gradients(self) -> None:
         """Make every rank's gradients the global batch's (one process: nothing to do)."""
 
-    def _optimizer_step(self) -> dict[str, float]:
+    def _optimizer_step(self, advance: bool = True) -> dict[str, float]:
         self._sync_gradients()
         grad_norm = self.clip_gradients()
         lr = self.lr_at(self.step)
-        if not math.isfinite(grad_norm):
+        out = {"grad_norm": grad_norm, "lr": lr}
+        if math.isfinite(grad_norm):
+            self.apply_gradients(lr)
+            self._moved = True
+        else:
             # One bad batch must not poison the weights: skip it, keep step and version.
             self.optimizer.zero_grad(set_to_none=True)
-            return {"grad_norm": grad_norm, "lr": lr, "skipped_nonfinite": 1.0}
-        self.apply_gradients(lr)
-        self.step += 1
-        self.version += 1
-        return {"grad_norm": grad_norm, "lr": lr, "step": float(self.step)}
+            out["skipped_nonfinite"] = 1.0
+        if advance and self._moved:  # new weights (from this minibatch or an earlier one)
+            self.step += 1
+            self.version += 1
+            self._moved = False
+            out["step"] = float(self.step)
+        return out
 
     # -- weights out --------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ class TrainConfig:
     share_prefix: bool = True                 # pad, unpad: rows that start alike (one system prompt, one question) run their common prefix once
     attn_implementation: str = "sdpa"         # transformers attention kernel; on CPU "sdpa" keeps grouped KV heads grouped (train/attention.py); "flash_attention_2" suits packing on GPUs
     total_steps: int = 100                    # optimizer steps in the run
-    minibatches: int = 1                      # optimizer steps per rollout batch: 1 only (more are not implemented: versions and the staleness gate count one per batch)
+    minibatches: int = 1                      # optimizer steps per rollout batch, each on a part of its rows against the batch's proximal logprobs (>1 makes the PPO clip bite); step and version count batches
     eps_clip_low: float = 0.2                 # ratio may fall to 1 - this before the clip stops the gradient
     eps_clip_high: float = 0.28               # ratio may rise to 1 + this (DAPO's clip-higher keeps exploring)
     kl_coef: float = 0.0                      # weight of the k3 KL to the reference model; 0 loads no reference
@@ -73,12 +73,6 @@ class TrainConfig:
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.minibatches != 1:
-            # the trainer takes one optimizer step per batch; this knob did nothing before
-            raise ConfigError(
-                f"minibatches={self.minibatches}: only 1 is supported (one optimizer step per "
-                "rollout batch; several would need the weight version and the staleness gate "
-                "to count batches, not steps)")
         if self.eps_clip_low >= 1:
             raise ConfigError(f"eps_clip_low must be < 1, got {self.eps_clip_low}")
         if self.kl_reference not in ("initial", "warm_start"):

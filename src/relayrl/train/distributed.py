@@ -81,6 +81,8 @@ class Shard:
     """This rank's rows of the step's SFT replay (warm-up traces), if any."""
     replay_tokens: int = 1
     """Trained tokens of the whole replay: each rank's NLL sum divides by them."""
+    advance: bool = True
+    """Whether this optimizer step ends the rollout batch (advances step and version)."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +254,8 @@ class DistributedActor(Actor):
         ref_logprobs_B_T: torch.Tensor | None = None,
         weights_B_T: torch.Tensor | None = None,
         replay: TrainBatch | None = None,
+        replay_tokens: int | None = None,
+        advance: bool = True,
     ) -> dict[str, float]:
         """Rank 0: one optimizer step on the whole batch, shared among the ranks by groups.
 
@@ -269,12 +273,13 @@ class DistributedActor(Actor):
         use_replay = (replay is not None and self.config.sft_replay_coef > 0
                       and batch.num_trained_tokens > 0)
         replay_plan: list[list[int]] = [[] for _ in plan]
-        replay_tokens = 1
-        if use_replay:
+        if not use_replay:
+            replay_tokens = 1
+        else:
             assert replay is not None
             replay_plan = shard_replay(row_costs(replay),
                                        [sum(costs[i] for i in rows) for rows in plan])
-            replay_tokens = max(replay.num_trained_tokens, 1)
+            replay_tokens = replay_tokens or max(replay.num_trained_tokens, 1)
         shards = []
         for rows, replay_rows in zip(plan, replay_plan, strict=True):
             index = torch.tensor(rows, dtype=torch.long)
@@ -283,7 +288,7 @@ class DistributedActor(Actor):
                 version=self.version, prox_logprobs_B_T=_select(prox_logprobs_B_T, rows),
                 ref_logprobs_B_T=_select(ref_logprobs_B_T, rows),
                 replay=replay.select(replay_rows) if replay is not None and replay_rows else None,
-                replay_tokens=replay_tokens))
+                replay_tokens=replay_tokens or 1, advance=advance))
         return self._run_shard(self._scatter(shards))
 
     def sync_followers(self) -> None:
@@ -338,7 +343,8 @@ class DistributedActor(Actor):
         self.version = shard.version
         return Actor.update(self, shard.batch, shard.adv_B_T, shard.prox_logprobs_B_T,
                             shard.ref_logprobs_B_T, weights_B_T=shard.weights_B_T,
-                            replay=shard.replay, replay_tokens=shard.replay_tokens)
+                            replay=shard.replay, replay_tokens=shard.replay_tokens,
+                            advance=shard.advance)
 
     def _scatter(self, messages: list[Any] | None) -> Any:
         out: list[Any] = [None]

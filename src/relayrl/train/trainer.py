@@ -38,8 +38,9 @@ from relayrl.train.actor import Actor
 from relayrl.train.advantages import compute_advantages
 from relayrl.train.checkpoint import latest_checkpoint
 from relayrl.train.distributed import DistributedActor, join_process_group
+from relayrl.train.losses import SUM_STATS, merge_stats
 from relayrl.train.metrics import MetricsLogger, episode_metrics, trained_tokens
-from relayrl.train.packing import TrainBatch
+from relayrl.train.packing import TrainBatch, minibatch_rows
 from relayrl.train.ports import BatchSource, Launcher, Services, TrainerSettings
 from relayrl.train.sft import run_sft
 from relayrl.trajectory import read_jsonl
@@ -152,7 +153,9 @@ class PPOTrainer:
         if isinstance(actor, DistributedActor):
             actor.sync_state()  # every rank starts from rank 0's weights, like DDP
             if not actor.is_leader:  # ranks 1..W-1 only take their part of rank 0's updates
-                actor.follow(max_messages=4 * cfg.train.total_steps + 2)
+                # a run's commands: one update per minibatch a step, the warm-start's weights,
+                # the KL's reference, the stop (with room to spare)
+                actor.follow(max_messages=(cfg.train.minibatches + 3) * cfg.train.total_steps + 4)
                 return TrainResult(actor.step, None, None, None, None, None,
                                    cfg.log_dir / "metrics.jsonl", time.perf_counter() - started)
         fresh = actor.step == 0
@@ -533,6 +536,29 @@ class _Run:
                                          min(train.sft_replay_rows, len(self._replay_rows)))
         return TrainBatch.from_rows(picked)
 
+    def _update(self, batch: TrainBatch, adv_B_T: torch.Tensor) -> dict[str, float]:
+        """The batch's optimizer steps: one, or one per minibatch (`train.minibatches`).
+
+        Minibatches are contiguous parts of the rows that train, each an optimizer step with
+        its own SFT replay draw, all scored against the policy that started the batch (the
+        proximal logprobs of decoupled PPO, computed once up front), so that after the first
+        step the ratios move and the clip bites. `step` and `version` advance once, with the
+        last minibatch: the engine is sent the batch's final weights.
+        """
+        live = batch.loss_mask_B_T.any(-1).nonzero()[:, 0].tolist()
+        parts = minibatch_rows(len(live), self.cfg.train.minibatches)
+        if len(parts) <= 1:
+            return self.actor.update(batch, adv_B_T, replay=self.replay_batch())
+        prox_B_T = self.actor.compute_logprobs(batch)
+        results = []
+        for i, part in enumerate(parts):  # bounded by train.minibatches
+            rows = [live[j] for j in part]
+            index = torch.tensor(rows, dtype=torch.long)
+            results.append(self.actor.update(
+                batch.select(rows), adv_B_T[index], prox_B_T[index], replay=self.replay_batch(),
+                advance=i == len(parts) - 1))
+        return merge_minibatches(results)
+
     async def step(self, batch: Batch,
                    rollouts_running: Callable[[], int] | None = None) -> dict[str, float]:
         """One RL step on a batch: advantages, update (off the event loop), push weights.
@@ -543,12 +569,9 @@ class _Run:
         started = time.perf_counter()
         tb = TrainBatch.from_row_batch(batch.rows)
         adv = compute_advantages(tb, self.cfg.train, batch.baselines)
-        replay = self.replay_batch()
-        update = (self.actor.update if replay is None
-                  else functools.partial(self.actor.update, replay=replay))
         # rollouts keep sampling with the old weights while the update runs in a thread
         async with self._lend_idle_engine_cores(rollouts_running) as lent:
-            metrics = await self.off_loop("rl", update, adv.batch, adv.adv_B_T)
+            metrics = await self.off_loop("rl", self._update, adv.batch, adv.adv_B_T)
         metrics["update_lent_cores_s"] = lent.seconds
         if metrics.get("n_tokens", 0) == 0:
             # No signal (every group uniform): no optimizer step, but the version moves on, or
@@ -576,6 +599,26 @@ class _Run:
         # server's response_mask agreement, the rollouts it dropped or that failed)
         metrics.update({f"{WORKFLOW_PREFIX}{k}": float(v) for k, v in stats.workflow.items()})
         return metrics
+
+
+def merge_minibatches(parts: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One step's metrics from its minibatches' updates: counts and times add up, losses are
+    the mean over the optimizer steps, the rest the token-weighted mean (`merge_stats`)."""
+    stepped = [p for p in parts if p.get("n_tokens", 0) > 0]
+    out = merge_stats(parts)
+    for key in SUM_STATS - {"n_tokens"}:
+        if key in out:
+            out[key] /= max(len([p for p in stepped if key in p]), 1)
+    for key in ("update_s", "forward_tokens", "skipped_nonfinite"):
+        if any(key in p for p in parts):
+            out[key] = sum(p.get(key, 0.0) for p in parts)
+    if out.get("update_s"):
+        out["tokens_per_s"] = out.get("forward_tokens", 0.0) / out["update_s"]
+    steps = [p["step"] for p in parts if "step" in p]
+    if steps:
+        out["step"] = steps[-1]
+    out["minibatches"] = float(len(parts))
+    return out
 
 
 def _want_batches(source: Any, remaining: int) -> None:
