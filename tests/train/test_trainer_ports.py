@@ -20,7 +20,7 @@ from relayrl.rollout import RolloutConfig, RolloutController
 from relayrl.train.actor import Actor
 from relayrl.train.config import TrainConfig
 from relayrl.train.packing import TrainBatch
-from relayrl.train.trainer import PPOTrainer
+from relayrl.train.trainer import PPOTrainer, merge_minibatches
 from relayrl.trajectory import TrajectoryRow
 from relayrl.trajectory.batch import RowBatch
 from relayrl.workflow import RolloutWorkflow, rows_from_tensor_dict
@@ -143,6 +143,19 @@ def test_minibatches_take_an_optimizer_step_each_and_the_batch_one_version(
     assert all(m["minibatches"] == 2 and m["n_tokens"] == 4 * 9 for m in trained)
     # the second minibatch is scored against the weights before the first: its ratios moved
     assert all(abs(m["ratio_mean"] - 1.0) > 1e-7 for m in trained)
+
+
+def test_a_step_of_minibatches_reports_mean_losses_and_summed_counts_and_times() -> None:
+    parts = [{"n_tokens": 30.0, "loss": 0.2, "ratio_mean": 1.0, "update_s": 2.0,
+              "forward_tokens": 100.0, "grad_norm": 1.0},
+             {"n_tokens": 10.0, "loss": 0.6, "ratio_mean": 1.2, "update_s": 3.0,
+              "forward_tokens": 50.0, "grad_norm": 3.0, "step": 4.0}]
+    out = merge_minibatches(parts)
+    assert out["loss"] == pytest.approx(0.4)  # the mean of the two steps' losses
+    assert out["n_tokens"] == 40 and out["update_s"] == 5 and out["forward_tokens"] == 150
+    assert out["tokens_per_s"] == pytest.approx(30.0)
+    assert out["ratio_mean"] == pytest.approx(1.05)  # token-weighted
+    assert out["step"] == 4 and out["minibatches"] == 2
 
 
 class SlowEvalWorkflow(TwoTurnWorkflow):
