@@ -10,18 +10,21 @@ was written for (no network there), so the baseline here is transformers on the 
     `--repeats` interleaved rounds, with the transformers rows in the same rounds;
   - `Actor.update` (bf16 copy of fp32 masters, the default) on bench_train's 16-row batch shaped
     like the main job's episodes, and on its shared-prefix agent batch, each with unpadded
-    micro-batches (the default `packing`) and padded ones, interleaved (the best of each); model
-    FLOPs (as in bench_train) against the measured bf16 peak of an 8192^3 matmul on this GPU.
+    micro-batches (the default `packing`) and padded ones, interleaved (the best of each), and
+    the rows without a shared prefix unpadded with grouped key/value heads kept (as on the CPU;
+    a candidate for CUDA, where unpadded attention repeats them today); model FLOPs (as in
+    bench_train) against the measured bf16 peak of an 8192^3 matmul on this GPU.
 Prints a markdown section (and writes it to `--out`): paste it into benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
@@ -32,6 +35,7 @@ from transformers import AutoModelForCausalLM
 
 from relayrl.engine.local import LocalEngine
 from relayrl.models import DEFAULT_MODEL, model_path
+from relayrl.train import attention
 from relayrl.train.actor import Actor
 from relayrl.train.config import TrainConfig
 
@@ -112,33 +116,57 @@ def engine_rows(path: str, new: int, repeats: int) -> list[Row]:
         engine.close()
 
 
+@contextlib.contextmanager
+def grouped_heads_kept(keep: bool) -> Iterator[None]:
+    """Within it (`keep`), unpadded attention hands SDPA grouped key/value heads as they are,
+    as it does on the CPU, instead of repeating them for CUDA's masked kernels. Only for rows
+    without a shared prefix: there is no mask then, and CUDA's flash kernel takes `enable_gqa`."""
+    if not keep:
+        yield
+        return
+    real = attention._masks_grouped_heads
+    attention._masks_grouped_heads = lambda device: True
+    try:
+        yield
+    finally:
+        attention._masks_grouped_heads = real
+
+
 def update_rows(path: str, repeats: int) -> list[tuple[str, str, float, float, float]]:
     """(batch, packing, seconds, real tokens/s, model TFLOP/s) of the default update on the GPU,
-    each batch unpadded (the default) and padded, the cases interleaved in every round."""
+    each batch unpadded (the default) and padded, the cases interleaved in every round; rows
+    without a shared prefix also unpadded with their grouped key/value heads kept (a candidate
+    for the CUDA path, not what it does today)."""
     cfg = TrainConfig(micro_batch_tokens=4096)
     actor = Actor(path, cfg, device=DEVICE)
     body, head = param_counts(actor.model)
     vocab = actor.model.config.vocab_size
-    cases = [(name, batch, replace(cfg, share_prefix=share, packing=packing))
-             for name, batch, share in (("16 rows x 394-472 tokens", synthetic_batch(16, vocab), False),
-                                        ("16 agent rows, shared prefix", agent_batch(16, vocab), True))
-             for packing in ("unpad", "pad")]
+    plain, agent = synthetic_batch(16, vocab), agent_batch(16, vocab)
+    cases = [("16 rows x 394-472 tokens", plain, replace(cfg, share_prefix=False), "unpad", False),
+             ("16 rows x 394-472 tokens", plain, replace(cfg, share_prefix=False, packing="pad"),
+              "pad", False),
+             ("16 rows x 394-472 tokens", plain, replace(cfg, share_prefix=False),
+              "unpad, KV heads kept grouped", True),
+             ("16 agent rows, shared prefix", agent, cfg, "unpad", False),
+             ("16 agent rows, shared prefix", agent, replace(cfg, packing="pad"), "pad", False)]
     fns = []
-    for _, batch, case_cfg in cases:
+    for _, batch, case_cfg, _, keep in cases:
         actor.config = case_cfg
         fns.append(update_fn(actor, batch, case_cfg))
-        fns[-1]()  # warm-up: cuBLAS handles, the allocator's pools
+        with grouped_heads_kept(keep):
+            fns[-1]()  # warm-up: cuBLAS handles, the allocator's pools
     best = [float("inf")] * len(cases)
     metrics: list[dict[str, float]] = [{} for _ in cases]
     for _ in tqdm(range(repeats), desc="update", unit="round"):
-        for i, ((_, _, case_cfg), fn) in enumerate(zip(cases, fns, strict=True)):
+        for i, ((_, _, case_cfg, _, keep), fn) in enumerate(zip(cases, fns, strict=True)):
             actor.config = case_cfg
-            elapsed = cuda_timed(lambda fn=fn, i=i: metrics.__setitem__(i, fn()))
+            with grouped_heads_kept(keep):
+                elapsed = cuda_timed(lambda fn=fn, i=i: metrics.__setitem__(i, fn()))
             best[i] = min(best[i], elapsed)
     out = []
-    for (name, batch, case_cfg), seconds, m in zip(cases, best, metrics, strict=True):
+    for (name, batch, _, label, _), seconds, m in zip(cases, best, metrics, strict=True):
         r = result(name, batch, seconds, m, body, head)
-        out.append((name, case_cfg.packing, seconds, r.tok_s, r.flops / seconds / 1e12))
+        out.append((name, label, seconds, r.tok_s, r.flops / seconds / 1e12))
     return out
 
 
