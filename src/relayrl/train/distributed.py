@@ -273,9 +273,7 @@ class DistributedActor(Actor):
         use_replay = (replay is not None and self.config.sft_replay_coef > 0
                       and batch.num_trained_tokens > 0)
         replay_plan: list[list[int]] = [[] for _ in plan]
-        if not use_replay:
-            replay_tokens = 1
-        else:
+        if use_replay:
             assert replay is not None
             replay_plan = shard_replay(row_costs(replay),
                                        [sum(costs[i] for i in rows) for rows in plan])
