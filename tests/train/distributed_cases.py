@@ -12,7 +12,8 @@ import torch
 
 from relayrl.train.actor import Actor
 from relayrl.train.config import TrainConfig
-from relayrl.train.packing import TrainBatch, minibatch_rows
+from relayrl.train.packing import TrainBatch
+from relayrl.train.trainer import update_in_minibatches
 
 Case = tuple[str, TrainConfig, TrainBatch, torch.Tensor, TrainBatch | None]
 """(name, trainer settings, batch with the drop applied, per-token advantages, SFT replay).
@@ -38,15 +39,9 @@ def weights(actor: Actor) -> dict[str, torch.Tensor]:
 
 
 def minibatch_steps(actor: Actor, case: Case) -> dict[str, float]:
-    """The case's update: one optimizer step, or one per minibatch as `PPOTrainer` takes them
-    (contiguous parts against the batch-start logprobs, the version moved by the last)."""
+    """The case's update as `PPOTrainer` takes it: one optimizer step, or one per minibatch."""
     _, cfg, batch, adv_B_T, replay = case
-    parts = minibatch_rows(batch.num_rows, cfg.minibatches)
-    if len(parts) == 1:
-        return actor.update(batch, adv_B_T, replay=replay)
-    prox_B_T = actor.compute_logprobs(batch)
-    return [actor.update(batch.select(rows), adv_B_T[rows], prox_B_T[rows], replay=replay,
-                         advance=i == len(parts) - 1) for i, rows in enumerate(parts)][-1]
+    return update_in_minibatches(actor, batch, adv_B_T, cfg.minibatches, lambda: replay)
 
 
 def one_step(actor: Actor, case: Case) -> dict[str, Any]:

@@ -537,27 +537,9 @@ class _Run:
         return TrainBatch.from_rows(picked)
 
     def _update(self, batch: TrainBatch, adv_B_T: torch.Tensor) -> dict[str, float]:
-        """The batch's optimizer steps: one, or one per minibatch (`train.minibatches`).
-
-        Minibatches are contiguous parts of the rows that train, each an optimizer step with
-        its own SFT replay draw, all scored against the policy that started the batch (the
-        proximal logprobs of decoupled PPO, computed once up front), so that after the first
-        step the ratios move and the clip bites. `step` and `version` advance once, with the
-        last minibatch: the engine is sent the batch's final weights.
-        """
-        live = batch.loss_mask_B_T.any(-1).nonzero()[:, 0].tolist()
-        parts = minibatch_rows(len(live), self.cfg.train.minibatches)
-        if len(parts) <= 1:
-            return self.actor.update(batch, adv_B_T, replay=self.replay_batch())
-        prox_B_T = self.actor.compute_logprobs(batch)
-        results = []
-        for i, part in enumerate(parts):  # bounded by train.minibatches
-            rows = [live[j] for j in part]
-            index = torch.tensor(rows, dtype=torch.long)
-            results.append(self.actor.update(
-                batch.select(rows), adv_B_T[index], prox_B_T[index], replay=self.replay_batch(),
-                advance=i == len(parts) - 1))
-        return merge_minibatches(results)
+        """The batch's optimizer steps (`update_in_minibatches`), each with a replay draw."""
+        return update_in_minibatches(self.actor, batch, adv_B_T, self.cfg.train.minibatches,
+                                     self.replay_batch)
 
     async def step(self, batch: Batch,
                    rollouts_running: Callable[[], int] | None = None) -> dict[str, float]:
@@ -599,6 +581,31 @@ class _Run:
         # server's response_mask agreement, the rollouts it dropped or that failed)
         metrics.update({f"{WORKFLOW_PREFIX}{k}": float(v) for k, v in stats.workflow.items()})
         return metrics
+
+
+def update_in_minibatches(actor: Actor, batch: TrainBatch, adv_B_T: torch.Tensor,
+                          minibatches: int, replay: Callable[[], TrainBatch | None]
+                          ) -> dict[str, float]:
+    """A rollout batch's optimizer steps: one, or one per minibatch (`train.minibatches`).
+
+    Minibatches are contiguous parts of the rows that train, each an optimizer step with its
+    own `replay()` draw, all scored against the policy that started the batch (the proximal
+    logprobs of decoupled PPO, computed once up front), so that after the first step the
+    ratios move and the clip bites. `step` and `version` advance once, with the last
+    minibatch: the engine is sent the batch's final weights.
+    """
+    live = batch.loss_mask_B_T.any(-1).nonzero()[:, 0].tolist()
+    parts = minibatch_rows(len(live), minibatches)
+    if len(parts) <= 1:
+        return actor.update(batch, adv_B_T, replay=replay())
+    prox_B_T = actor.compute_logprobs(batch)
+    results = []
+    for i, part in enumerate(parts):  # bounded by minibatches
+        index = torch.tensor([live[j] for j in part], dtype=torch.long)
+        results.append(actor.update(
+            batch.select(index.tolist()), adv_B_T[index], prox_B_T[index], replay=replay(),
+            advance=i == len(parts) - 1))
+    return merge_minibatches(results)
 
 
 def merge_minibatches(parts: Sequence[dict[str, float]]) -> dict[str, float]:
