@@ -39,7 +39,7 @@ import torch
 
 from relayrl.errors import ConfigError, ModelError
 from relayrl.models import cache_kwarg, cpu_has_bf16_units
-from relayrl.train import attention
+from relayrl.train import attention, lora
 from relayrl.train.checkpoint import (
     TrainingState,
     copy_tokenizer_files,
@@ -133,6 +133,11 @@ class Actor:
             # to each other
             raise ConfigError(f"packing=unpad needs relayrl's SDPA attention, not "
                               f"{self.model.config._attn_implementation!r}")
+        self.lora_params = 0
+        """Parameters of the LoRA adapters (`lora_rank` > 0), the only ones trained; 0: all are."""
+        if config.lora_rank:
+            self.lora_params = lora.add_adapters(self.model, config.lora_rank, config.lora_alpha,
+                                                 config.lora_targets)
         self.bf16 = resolve_bf16(config.bf16, self.device)
         self.bf16_copy = self.bf16 and config.bf16_mode == "copy"
         """Forward and backward run on a bf16 copy of the weights (else on `model`)."""
@@ -185,9 +190,23 @@ class Actor:
     @classmethod
     def resume(cls, checkpoint: str | Path, config: TrainConfig, device: str = "cpu",
                reference_path: str | None = None) -> Actor:
-        """An actor restored from a checkpoint: weights, optimizer moments, step and version."""
+        """An actor restored from a checkpoint: weights, optimizer moments, step and version.
+
+        With LoRA the checkpoint's adapter goes back onto the base model it names (the merged
+        weights beside it would start a new adapter on rounded weights).
+        """
         state = read_training_state(checkpoint)
-        actor = cls(str(checkpoint), config, device, reference_path)
+        base = lora.adapter_base(checkpoint)
+        if config.lora_rank and base is not None:
+            actor = cls(base, config, device, reference_path)
+            lora.load_adapter(actor.model, checkpoint)
+            actor.weights_changed()
+        elif config.lora_rank or base is not None:
+            raise ConfigError(f"{checkpoint} was {'not ' if base is None else ''}trained with LoRA"
+                              f" and this config has lora_rank={config.lora_rank}: resume it "
+                              "with the config it was trained with")
+        else:
+            actor = cls(str(checkpoint), config, device, reference_path)
         load_optimizer_state(actor.optimizer, checkpoint)
         actor.step, actor.version = state.step, state.version
         return actor
@@ -500,16 +519,21 @@ class Actor:
         Shared, not copied, by default (free): the engine copies them into its own model, so
         await its `update_weights` before the next `update`. `copy=True` clones them.
         """
-        state = self.model.state_dict()
+        # under LoRA the adapters are folded in: new tensors there, the model's own elsewhere
+        state = lora.merged_state_dict(self.model) if self.lora_params else self.model.state_dict()
         return {k: (v.detach().clone() if copy else v.detach()) for k, v in state.items()}
 
     def save(self, directory: str | Path) -> Path:
         """Write the policy as a Hugging Face directory (weights, config, tokenizer files)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory)
+        self.model.save_pretrained(directory, **self._plain_weights())
         self._copy_tokenizer(directory)
         return directory
+
+    def _plain_weights(self) -> dict[str, Any]:
+        """`save_pretrained` arguments that write a plain model (adapters merged) under LoRA."""
+        return {"state_dict": lora.merged_state_dict(self.model)} if self.lora_params else {}
 
     def save_checkpoint(self, root: str | Path) -> Path:
         """Write `root/step_N` (weights, tokenizer, step/version, optimizer); keep the newest K."""
@@ -520,8 +544,15 @@ class Actor:
             optimizer=self.optimizer if self.config.save_optimizer else None,
             tokenizer_source=self.model_dir(),
             keep=self.config.keep_checkpoints,
+            save_kwargs=self._plain_weights(),
+            extra=self._save_adapter if self.lora_params else None,
         )
         return path
+
+    def _save_adapter(self, directory: Path) -> None:
+        cfg = self.config
+        lora.save_adapter(self.model, directory, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets,
+                          base=self.model_path)
 
     def model_dir(self) -> str:
         """The local directory (or hub id) the policy was loaded from."""

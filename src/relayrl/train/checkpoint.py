@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,8 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     tokenizer_source: str | Path | None = None,
     keep: int = 0,
+    save_kwargs: dict[str, Any] | None = None,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write `root/step_N` atomically (model, tokenizer files, state, optimizer); prune to `keep`."""
     final = checkpoint_path(root, state.step)
@@ -71,7 +74,9 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, **(save_kwargs or {}))
+    if extra is not None:  # more files, written before the rename like the rest
+        extra(tmp)
     if tokenizer_source is not None:
         copy_tokenizer_files(tokenizer_source, tmp)
     if optimizer is not None:

@@ -57,6 +57,9 @@ class TrainConfig:
     world_size: int = 1                       # data-parallel trainer ranks (torch.distributed; rank 0 serves rollouts)
     num_threads: int | None = None            # torch threads of SFT and RL updates; None: all cores for SFT, the cores an in-process engine leaves for RL
     lend_engine_cores: bool = True            # with num_threads None: an RL update also takes an in-process engine's cores once no rollout runs
+    lora_rank: int = 0                        # >0: train rank-r LoRA adapters (peft) on lora_targets instead of every weight; the engine and checkpoints get the merged weights
+    lora_alpha: float = 32.0                  # adapter scale: alpha / rank times B @ A
+    lora_targets: str | tuple[str, ...] = "all-linear"  # modules that get adapters: peft's target_modules (all-linear: every linear layer but the output head)
     keep_heap: bool = True                    # glibc: the process keeps what an update frees for the next one (one arena, no trim, no mmap; relayrl/heap.py)
 
     def __post_init__(self) -> None:
@@ -81,6 +84,12 @@ class TrainConfig:
             # only relayrl's SDPA function knows where an unpadded micro-batch's rows are
             raise ConfigError(f"packing=unpad needs attn_implementation=sdpa, got "
                               f"{self.attn_implementation!r} (use packing=pad or pack)")
+        if self.lora_rank < 0 or self.lora_alpha <= 0:
+            raise ConfigError(f"lora_rank must be >= 0 and lora_alpha > 0, got "
+                              f"{self.lora_rank} and {self.lora_alpha}")
+        if self.lora_rank and self.compile:
+            # compiled layers around peft's adapter modules have never been run
+            raise ConfigError("lora_rank with compile is not supported: set compile: false")
         if self.behav_weight_cap is not None and self.behav_weight_cap <= 0:
             raise ConfigError(f"behav_weight_cap must be > 0 or null, got {self.behav_weight_cap}")
 
