@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -433,3 +434,24 @@ def test_an_sft_replay_without_warm_up_traces_is_refused_before_the_run_starts(
     with pytest.raises(ConfigError, match=r"sft_replay_coef > 0 needs warm-up traces"):
         PPOTrainer(cfg, [{"q": 1}], launcher=_handing(services)).train(TwoTurnWorkflow())
     assert services.engine.versions == [] and not cfg.log_dir.exists()
+
+
+@pytest.mark.slow
+def test_a_step_with_a_non_finite_gradient_is_skipped_and_the_run_goes_on(
+        tmp_path: Path, tiny_llama_dir: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = _tiny_run(tmp_path, tiny_llama_dir, "nan", total_steps=2, max_staleness=0)
+    norms = iter([math.inf])
+    clip = Actor.clip_gradients
+    monkeypatch.setattr(Actor, "clip_gradients",
+                        lambda self: next(norms, None) or clip(self))
+    services = InProcessServices()
+    result = PPOTrainer(cfg, [{"q": 1}, {"q": 2}],
+                        launcher=_handing(services)).train(TwoTurnWorkflow())
+    # the bad batch moved no weight and took no step; the version still moved on (the staleness
+    # rule admits rollouts by version: without it no batch would come), and two steps followed
+    assert result.steps == 2
+    assert services.engine.versions == [1, 2, 3]
+    assert "non-finite gradient norm" in capsys.readouterr().out
+    steps = [json.loads(line) for line in (cfg.log_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in steps if "loss" in m] == [1, 2]

@@ -505,6 +505,11 @@ class _Run:
                       f"{metrics.get('reward_mean', 0):.2f}): no step"
                       f"{'; workflow ' + counters if counters else ''}", flush=True)
                 continue
+            if metrics.get("skipped_nonfinite") and "step" not in metrics:
+                skipped += 1
+                print(f"non-finite gradient norm ({metrics.get('grad_norm')}): the batch took "
+                      "no step", flush=True)
+                continue
             metrics["skipped_batches"] = float(skipped)
             every = cfg.eval.every
             # the last step's weights are scored once, by the eval after RL (logged as both)
@@ -551,13 +556,15 @@ class _Run:
         started = time.perf_counter()
         tb = TrainBatch.from_row_batch(batch.rows)
         adv = compute_advantages(tb, self.cfg.train, batch.baselines)
+        version = self.actor.version
         # rollouts keep sampling with the old weights while the update runs in a thread
         async with self._lend_idle_engine_cores(rollouts_running) as lent:
             metrics = await self.off_loop("rl", self._update, adv.batch, adv.adv_B_T)
         metrics["update_lent_cores_s"] = lent.seconds
-        if metrics.get("n_tokens", 0) == 0:
-            # No signal (every group uniform): no optimizer step, but the version moves on, or
-            # the staleness rule (which admits by version) would never admit another batch.
+        if self.actor.version == version:
+            # No step (no signal: every group uniform; or a non-finite gradient norm), but the
+            # version moves on, or the staleness rule (which admits by version) would never
+            # admit another batch and the run would wait forever.
             self.actor.version += 1
         await self.services.engine.update_weights(self.actor.state_dict_for_engine(),
                                                   version=self.actor.version)
