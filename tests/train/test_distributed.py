@@ -174,6 +174,9 @@ def test_two_ranks_take_the_same_step_as_one_process(tiny_llama_dir: str, tmp_pa
         # two optimizer steps on halves of the rows, the second against the batch-start logprobs
         _case("minibatches", tiny_llama_dir, [12, 9, 15, 7, 11, 10], ["a", "a", "b", "b", "c", "c"],
               minibatches=2),
+        # LoRA: only the adapters' gradients are summed across ranks (the rest are frozen)
+        _case("lora", tiny_llama_dir, [12, 9, 15, 7], ["a", "a", "b", "b"], lora_rank=4,
+              lora_alpha=8.0),
     ]
     single = {c[0]: one_step(Actor(tiny_llama_dir, c[1]), c) for c in cases}
 
@@ -200,6 +203,8 @@ def test_two_ranks_take_the_same_step_as_one_process(tiny_llama_dir: str, tmp_pa
         assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-5, abs=1e-7)
         assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5)
         assert m2["dp_world_size"] == 2
+        if cfg.lora_rank:  # the gradients applied were the adapters' alone
+            assert r0["grads"] and all(".lora_" in k for k in r0["grads"])
         assert r0["version"] == r1["version"] == one["version"] == 1  # once a batch
         if replay is not None:
             assert m2["sft_replay_loss"] == pytest.approx(m1["sft_replay_loss"], rel=1e-5)
