@@ -1,0 +1,129 @@
+"""LoRA adapters (`train.lora_rank`) against training every weight: an update's time and the
+process's peak memory, interleaved.
+
+Run by hand:  python benchmarks/bench_lora.py [--model NAME] [--rank 16] [--rounds 2]
+              [--updates 2] [--micro-batch-tokens 4096]
+
+Each arm runs in its own process (so that its peak RSS is its own), arms alternating for
+`--rounds` rounds, their order reversed every other round. A process keeps its freed heap (as a
+launched run does), loads the model with the default `TrainConfig` (plus `lora_rank` for the
+LoRA arm), runs every update on one worker thread with 2 torch threads as the trainer does, and
+times `--updates` updates of bench_train's 16 agent rows after one warm-up, then the weights'
+way to the engine (`state_dict_for_engine`: free for full training, adapters folded in for
+LoRA). Printed: each update's seconds, the push's, the RSS after loading and the peak RSS, and
+the median update's ratio. Nothing is written. tests/train/test_lora.py checks what the arm
+computes; this measures only its cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+
+def rss_gb() -> float:
+    """The process's resident set now, GB."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+
+
+def child(model: str, rank: int, updates: int, micro_batch_tokens: int) -> None:
+    """One process: load, warm up, time updates and a push; prints one JSON line."""
+    from relayrl.heap import keep_freed_heap
+
+    keep_freed_heap()
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_train import agent_batch
+
+    from relayrl.models import model_path
+    from relayrl.train.actor import Actor
+    from relayrl.train.advantages import compute_advantages
+    from relayrl.train.config import TrainConfig
+
+    cfg = TrainConfig(lora_rank=rank, micro_batch_tokens=micro_batch_tokens)
+    worker = ThreadPoolExecutor(max_workers=1)  # the trainer's one update thread
+
+    def on_worker(fn: Any, *args: Any) -> Any:
+        return worker.submit(lambda: (torch.set_num_threads(2), fn(*args))[1]).result()
+
+    actor = on_worker(Actor, model_path(model), cfg)
+    loaded = rss_gb()
+    batch = agent_batch(16, actor.model.config.vocab_size)
+    adv = compute_advantages(batch, cfg)
+    on_worker(actor.update, adv.batch, adv.adv_B_T)  # warm-up
+    walls = []
+    for _ in range(updates):  # bounded by --updates
+        started = time.perf_counter()
+        metrics = on_worker(actor.update, adv.batch, adv.adv_B_T)
+        walls.append(time.perf_counter() - started)
+    started = time.perf_counter()
+    state = on_worker(actor.state_dict_for_engine)
+    push = time.perf_counter() - started
+    del state
+    worker.shutdown()
+    trained = sum(p.numel() for g in actor.optimizer.param_groups for p in g["params"])
+    print(json.dumps({"walls": walls, "push": push, "loaded_gb": loaded, "trained": trained,
+                      "forward_tokens": metrics["forward_tokens"],
+                      "maxrss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}),
+          flush=True)
+
+
+def main() -> None:
+    """Alternate the arms' processes and print the table."""
+    from relayrl.models import DEFAULT_MODEL
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--rank", type=int, default=16, help="the LoRA arm's lora_rank")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--updates", type=int, default=2)
+    ap.add_argument("--micro-batch-tokens", type=int, default=4096,
+                    help="train.micro_batch_tokens of both arms (activations' share of memory)")
+    ap.add_argument("--child-rank", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rounds < 1 or args.updates < 1 or args.rank < 1:
+        ap.error("--rounds, --updates and --rank must be at least 1")
+    if args.child_rank is not None:
+        child(args.model, args.child_rank, args.updates, args.micro_batch_tokens)
+        return
+    arms = {"all weights": 0, f"LoRA r={args.rank}": args.rank}
+    load = [os.getloadavg()[0]]
+    rows = []
+    for r in range(args.rounds):  # bounded by --rounds
+        for arm in list(arms) if r % 2 == 0 else list(arms)[::-1]:
+            print(f"round {r + 1}/{args.rounds}: {arm} ...", file=sys.stderr, flush=True)
+            out = subprocess.run([sys.executable, __file__, "--child-rank", str(arms[arm]),
+                                  "--model", args.model, "--updates", str(args.updates),
+                                  "--micro-batch-tokens", str(args.micro_batch_tokens)],
+                                 capture_output=True, text=True, check=True, timeout=3600)
+            rows.append((r + 1, arm, json.loads(out.stdout.strip().splitlines()[-1])))
+    load.append(os.getloadavg()[0])
+    print(f"model {args.model}, micro_batch_tokens {args.micro_batch_tokens}; load average (1 min) before/after: {load[0]:.2f} / {load[1]:.2f}")
+    print("| round | arm | trained parameters | update s, each | push to engine s "
+          "| RSS after load GB | peak RSS GB |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for r, arm, m in rows:
+        walls = " ".join(f"{w:.2f}" for w in m["walls"])
+        print(f"| {r} | {arm} | {m['trained'] / 1e6:.1f}M | {walls} | {m['push']:.2f} "
+              f"| {m['loaded_gb']:.2f} | {m['maxrss_gb']:.2f} |")
+    median = {arm: statistics.median(w for _, a, m in rows if a == arm for w in m["walls"])
+              for arm in arms}
+    full, adapted = median.values()
+    tokens = rows[0][2]["forward_tokens"]
+    print(f"forward tokens an update: {tokens:.0f}; median update s: " + ", ".join(
+        f"{arm} {s:.2f}" for arm, s in median.items()) + f"; all weights / LoRA {full / adapted:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
