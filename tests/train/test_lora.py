@@ -108,3 +108,21 @@ def test_adapters_start_alike_in_every_process(tiny_llama_dir: str) -> None:
     for (name, x), (_, y) in zip(lora.adapter_state_dict(a.model).items(),
                                  lora.adapter_state_dict(b.model).items(), strict=True):
         assert torch.equal(x, y), name
+
+
+def test_under_a_bf16_copy_the_fp32_adapters_step_and_the_copy_follows(tiny_llama_dir: str) -> None:
+    actor = Actor(tiny_llama_dir, TrainConfig(**{**LORA, "bf16": True}))
+    assert actor.bf16_copy and actor.compute_model is not actor.model
+    batch, adv = signed_batch(actor)
+    before = {k: v.clone() for k, v in lora.adapter_state_dict(actor.model).items()}
+    metrics = actor.update(batch, adv)
+    assert metrics["grad_norm"] > 0
+    after = lora.adapter_state_dict(actor.model)
+    assert all(v.dtype == torch.float32 for v in after.values())  # the masters stay fp32
+    assert any(not torch.equal(after[k], before[k]) for k in after)
+    # the bf16 copy was refreshed from the stepped masters, and kept no gradient of its own
+    twin = lora.adapter_state_dict(actor.compute_model)
+    for key, value in after.items():
+        assert twin[key].dtype == torch.bfloat16
+        torch.testing.assert_close(twin[key].float(), value, rtol=1e-2, atol=1e-3)
+    assert all(p.grad is None for p in actor.compute_model.parameters())
