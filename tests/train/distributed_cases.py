@@ -69,14 +69,15 @@ def rank_worker(model_dir: str, cases: list[Case], out_dir: str) -> int:
         actor = DistributedActor(model_dir, cfg, device)
         actor.sync_state()
         grads = capture_gradients(actor)
-        metrics = None
+        metrics, commands = None, None
         if actor.is_leader:
             metrics = minibatch_steps(actor, case)
             actor.stop_followers()
         else:
-            actor.follow(max_messages=cfg.minibatches + 1)
+            commands = actor.follow(max_messages=cfg.minibatches + 2)  # steps, a scoring, stop
         torch.save({"grads": dict(grads), "weights": weights(actor), "metrics": metrics,
-                    "version": actor.version}, Path(out_dir) / f"{name}.rank{rank}.pt")
+                    "version": actor.version, "commands": commands},
+                   Path(out_dir) / f"{name}.rank{rank}.pt")
     return rank
 
 

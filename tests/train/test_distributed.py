@@ -206,6 +206,8 @@ def test_two_ranks_take_the_same_step_as_one_process(tiny_llama_dir: str, tmp_pa
         if cfg.lora_rank:  # the gradients applied were the adapters' alone
             assert r0["grads"] and all(".lora_" in k for k in r0["grads"])
         assert r0["version"] == r1["version"] == one["version"] == 1  # once a batch
+        # rank 1 took each minibatch's part, and with several its part of the proximal scoring
+        assert r1["commands"] == (1 if cfg.minibatches == 1 else cfg.minibatches + 1)
         if replay is not None:
             assert m2["sft_replay_loss"] == pytest.approx(m1["sft_replay_loss"], rel=1e-5)
             assert m1["sft_replay_loss"] > 1  # a random model's NLL: the replay was scored

@@ -299,6 +299,11 @@ class Actor:
             flat[mb.source_N] = self.token_logprobs(model, mb).cpu()
         return out_B_T
 
+    def proximal_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """`[B, T]` logprobs of the batch under the policy as it is, before the batch's
+        minibatch steps (decoupled PPO's proximal policy); data-parallel ranks share the work."""
+        return self.compute_logprobs(batch)
+
     def set_reference(self, path: str | Path) -> None:
         """Take the KL reference from the model at `path` from now on (loaded on next use)."""
         self.reference_path = str(path)

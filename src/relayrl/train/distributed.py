@@ -98,6 +98,13 @@ class _SetReference:
 
 
 @dataclass(frozen=True)
+class _Score:
+    """Command: score these rows under the current weights and send the logprobs to rank 0."""
+
+    batch: TrainBatch
+
+
+@dataclass(frozen=True)
 class _Stop:
     """Command: the run is over; leave `follow`."""
 
@@ -301,6 +308,29 @@ class DistributedActor(Actor):
             self._scatter([_SetReference(str(path))] * self.world_size)
         super().set_reference(path)
 
+    def proximal_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """Rank 0, while the others `follow`: the batch's logprobs, each rank scoring whole
+        groups of it (the same split as an update's), gathered here."""
+        if not self.is_leader:
+            raise RuntimeError("only rank 0 calls proximal_logprobs(); the others follow()")
+        plan = shard_groups(batch.group_ids, row_costs(batch), self.world_size)
+        message = self._scatter([_Score(batch.select(rows)) for rows in plan])
+        parts = self._gather_scores(message.batch)
+        assert parts is not None
+        out_B_T = torch.zeros(batch.loss_mask_B_T.shape, dtype=torch.float32)
+        for rows, part in zip(plan, parts, strict=True):
+            if rows:
+                out_B_T[torch.tensor(rows, dtype=torch.long)] = part
+        return out_B_T
+
+    def _gather_scores(self, batch: TrainBatch) -> list[torch.Tensor] | None:
+        """Every rank: score `batch`'s rows (none: nothing to do) and gather them on rank 0."""
+        mine = (Actor.compute_logprobs(self, batch) if batch.num_rows
+                else torch.zeros(batch.loss_mask_B_T.shape, dtype=torch.float32))
+        gathered: list[Any] | None = [None] * self.world_size if self.is_leader else None
+        dist.gather_object(mine, gathered, dst=0)
+        return gathered
+
     def stop_followers(self) -> None:
         """Rank 0: end the other ranks' `follow`."""
         self._scatter([_Stop()] * self.world_size)
@@ -333,6 +363,8 @@ class DistributedActor(Actor):
                 self.sync_state()
             elif isinstance(message, _SetReference):
                 Actor.set_reference(self, message.path)
+            elif isinstance(message, _Score):
+                self._gather_scores(message.batch)
             else:
                 self._run_shard(message)
         raise RuntimeError(f"rank {self.rank}: more than {max_messages} commands from rank 0")

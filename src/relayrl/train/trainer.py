@@ -153,9 +153,10 @@ class PPOTrainer:
         if isinstance(actor, DistributedActor):
             actor.sync_state()  # every rank starts from rank 0's weights, like DDP
             if not actor.is_leader:  # ranks 1..W-1 only take their part of rank 0's updates
-                # a run's commands: one update per minibatch a step, the warm-start's weights,
-                # the KL's reference, the stop (with room to spare)
-                actor.follow(max_messages=(cfg.train.minibatches + 3) * cfg.train.total_steps + 4)
+                # a run's commands: one update per minibatch a step (and with several, one
+                # scoring of the batch), batches without a step, the warm-start's weights, the
+                # KL's reference, the stop (with room to spare)
+                actor.follow(max_messages=(cfg.train.minibatches + 4) * cfg.train.total_steps + 4)
                 return TrainResult(actor.step, None, None, None, None, None,
                                    cfg.log_dir / "metrics.jsonl", time.perf_counter() - started)
         fresh = actor.step == 0
@@ -605,7 +606,7 @@ def update_in_minibatches(actor: Actor, batch: TrainBatch, adv_B_T: torch.Tensor
     parts = minibatch_rows(len(live), minibatches)
     if len(parts) <= 1:
         return actor.update(batch, adv_B_T, replay=replay())
-    prox_B_T = actor.compute_logprobs(batch)
+    prox_B_T = actor.proximal_logprobs(batch)
     results = []
     for i, part in enumerate(parts):  # bounded by minibatches
         index = torch.tensor([live[j] for j in part], dtype=torch.long)
