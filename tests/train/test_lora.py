@@ -126,3 +126,19 @@ def test_under_a_bf16_copy_the_fp32_adapters_step_and_the_copy_follows(tiny_llam
         assert twin[key].dtype == torch.bfloat16
         torch.testing.assert_close(twin[key].float(), value, rtol=1e-2, atol=1e-3)
     assert all(p.grad is None for p in actor.compute_model.parameters())
+
+
+def test_the_kl_reference_is_the_base_model_without_a_second_copy(tiny_llama_dir: str) -> None:
+    actor = Actor(tiny_llama_dir, TrainConfig(**LORA, kl_coef=0.1))
+    plain = Actor(tiny_llama_dir, TrainConfig(bf16=False))
+    batch, adv = signed_batch(actor)
+    first = actor.update(batch, adv)
+    assert first["ref_kl"] == pytest.approx(0.0, abs=1e-7)  # B starts at 0: the policy is the base
+    second = actor.update(batch, adv)
+    assert second["ref_kl"] > 1e-6  # the adapters moved the policy away from it
+    torch.testing.assert_close(actor.reference_logprobs(batch), plain.compute_logprobs(batch),
+                               rtol=1e-5, atol=1e-5)
+    assert actor._reference is None  # nothing loaded beside the policy
+    # the adapters are back on, and trainable, after each reference scoring
+    assert (actor.compute_logprobs(batch) - plain.compute_logprobs(batch)).abs().max() > 1e-4
+    assert all(p.requires_grad for n, p in actor.model.named_parameters() if ".lora_" in n)

@@ -310,7 +310,14 @@ class Actor:
         self._reference = self._reference_compute = None
 
     def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """`[B, T]` logprobs under the frozen reference model (loaded on first use)."""
+        """`[B, T]` logprobs under the frozen reference model (loaded on first use).
+
+        Under LoRA with the model as loaded for reference, that model is the policy with its
+        adapters bypassed: no second copy is loaded.
+        """
+        if self.lora_params and self.reference_path == self.model_path:
+            with lora.adapters_off(self.model, self.compute_model):
+                return self.compute_logprobs(batch)
         if self._reference is None:
             self._reference = load_policy(self.reference_path, self.device,
                                           self.config.attn_implementation)

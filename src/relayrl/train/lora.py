@@ -16,7 +16,9 @@ RL is known to learn as well with low-rank adapters as with all weights at a hig
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,19 @@ def _lora_layers(model: Any) -> dict[str, Any]:
     from peft.tuners.lora import LoraLayer
 
     return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+@contextlib.contextmanager
+def adapters_off(*models: Any) -> Iterator[None]:
+    """Run `models` as their base weights alone (peft's adapters bypassed), then restore them."""
+    layers = [layer for model in models for layer in _lora_layers(model).values()]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)  # trainable again, as add_adapters left them
 
 
 def has_adapters(model: Any) -> bool:
