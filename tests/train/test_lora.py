@@ -142,3 +142,25 @@ def test_the_kl_reference_is_the_base_model_without_a_second_copy(tiny_llama_dir
     # the adapters are back on, and trainable, after each reference scoring
     assert (actor.compute_logprobs(batch) - plain.compute_logprobs(batch)).abs().max() > 1e-4
     assert all(p.requires_grad for n, p in actor.model.named_parameters() if ".lora_" in n)
+
+
+def test_a_checkpoints_adapter_loads_with_peft_onto_its_base(tiny_llama_dir: str,
+                                                            tmp_path: object) -> None:
+    from peft import PeftModel
+
+    actor = Actor(tiny_llama_dir, TrainConfig(**LORA))
+    batch, adv = signed_batch(actor)
+    for _ in range(2):  # B moves off 0 at the first step, A at the second
+        actor.update(batch, adv)
+    path = actor.save_checkpoint(tmp_path)  # type: ignore[arg-type]
+    base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    with_adapter = PeftModel.from_pretrained(base, str(path / "adapter")).eval()
+    merged = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = batch.input_ids_B_T[:1, :12]
+    with torch.no_grad():
+        theirs, ours = with_adapter(ids).logits, merged(ids).logits
+        plain = with_adapter.get_base_model()
+        with with_adapter.disable_adapter():
+            untouched = plain(ids).logits
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+    assert (theirs - untouched).abs().max() > 1e-3  # the adapter is not a no-op
