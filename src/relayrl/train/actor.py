@@ -18,6 +18,9 @@ the fp32 masters, and the copy is refreshed from them after each step. Autocast
 residual stream in fp32, which made the backward 4.5-5x the forward on this CPU
 (benchmarks/RESULTS.md, "Training throughput").
 
+With `lora_rank` > 0 only peft LoRA adapters train (`relayrl.train.lora`); the engine, `save`
+and checkpoints get them folded into plain weights.
+
 Tradeoff: proximal logprobs default to the detached logprobs of the update's own forward pass
 (same weights, same numerics: identical to recomputing them) when one optimizer step is taken
 per batch; with several minibatches per batch the caller computes them once up front (the policy
@@ -563,8 +566,7 @@ class Actor:
 
     def _save_adapter(self, directory: Path) -> None:
         cfg = self.config
-        lora.save_adapter(self.model, directory, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets,
-                          base=self.model_path)
+        lora.save_adapter(self.model, directory, cfg.lora_rank, cfg.lora_alpha, base=self.model_path)
 
     def model_dir(self) -> str:
         """The local directory (or hub id) the policy was loaded from."""

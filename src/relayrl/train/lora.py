@@ -118,14 +118,13 @@ def adapter_state_dict(model: Any) -> dict[str, torch.Tensor]:
     return get_peft_model_state_dict(model)
 
 
-def save_adapter(model: Any, directory: str | Path, rank: int, alpha: float,
-                 targets: str | tuple[str, ...], base: str) -> Path:
+def save_adapter(model: Any, directory: str | Path, rank: int, alpha: float, base: str) -> Path:
     """Write the adapter to `directory/adapter/` in peft's layout, naming `base` as its model."""
     from safetensors.torch import save_file
 
     folder = Path(directory) / ADAPTER_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    # peft resolves "all-linear" to the module names it found; save those, as peft does
+    # the module names the adapters sit on (what "all-linear" resolved to), as peft saves them
     names = sorted({name.rpartition(".")[2] for name in _lora_layers(model)})
     config = _lora_config(rank, alpha, tuple(names), base).to_dict()
     config["target_modules"] = names
