@@ -164,3 +164,16 @@ def test_a_checkpoints_adapter_loads_with_peft_onto_its_base(tiny_llama_dir: str
             untouched = plain(ids).logits
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
     assert (theirs - untouched).abs().max() > 1e-3  # the adapter is not a no-op
+
+
+def test_an_untied_head_and_attention_biases_fold_in_under_their_own_names(
+        tiny_qwen2_dir: str) -> None:
+    actor = Actor(tiny_qwen2_dir, TrainConfig(**LORA))
+    assert not actor.model.get_output_embeddings().weight.requires_grad  # the head stays frozen
+    batch, adv = signed_batch(actor)
+    actor.update(batch, adv)
+    actor.update(batch, adv)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir, dtype=torch.float32).eval()
+    plain.load_state_dict(actor.state_dict_for_engine(), strict=True)  # every key, no extra
+    torch.testing.assert_close(actor.compute_logprobs(batch, plain), actor.compute_logprobs(batch),
+                               rtol=1e-5, atol=1e-5)
