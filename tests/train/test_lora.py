@@ -90,6 +90,7 @@ def test_resuming_with_the_other_kind_of_config_is_refused(tiny_llama_dir: str,
         Actor.resume(full, TrainConfig(**LORA))
 
 
+@pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")  # peft, then our error
 def test_lora_settings_are_checked(tiny_llama_dir: str) -> None:
     with pytest.raises(ConfigError, match="lora_rank"):
         TrainConfig(lora_rank=-1)
@@ -97,6 +98,11 @@ def test_lora_settings_are_checked(tiny_llama_dir: str) -> None:
         TrainConfig(lora_rank=8, compile=True)
     with pytest.raises(ConfigError, match="no_such_proj"):
         Actor(tiny_llama_dir, TrainConfig(lora_rank=2, lora_targets=("no_such_proj",), bf16=False))
+    # the output head (scored by its weight directly) and the embedding tied to it
+    for target in ("lm_head", "embed_tokens"):
+        with pytest.raises(ConfigError, match=f"linear layers only, not on .*{target}"):
+            Actor(tiny_llama_dir, TrainConfig(lora_rank=2, lora_targets=("q_proj", target),
+                                              bf16=False))
 
 
 def test_adapters_start_alike_in_every_process(tiny_llama_dir: str) -> None:

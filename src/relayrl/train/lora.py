@@ -48,7 +48,9 @@ def add_adapters(model: Any, rank: int, alpha: float, targets: str | tuple[str, 
     from a fixed seed so that every rank and every run start alike.
     """
     from peft import inject_adapter_in_model
+    from peft.tuners.lora import Linear
 
+    head = model.get_output_embeddings()  # before peft may wrap it
     model.requires_grad_(False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -59,6 +61,13 @@ def add_adapters(model: Any, rank: int, alpha: float, targets: str | tuple[str, 
     trainable = [p for n, p in model.named_parameters() if ".lora_" in n]
     if not trainable:
         raise ConfigError(f"lora_targets {targets!r} matched no layer of the model")
+    # The actor scores with the head's weight directly (train/head.py), and a tied embedding
+    # is that weight: an adapter on either would train one model and serve another.
+    unsupported = [name for name, layer in _lora_layers(model).items()
+                   if not isinstance(layer, Linear) or layer.get_base_layer() is head]
+    if unsupported:
+        raise ConfigError(f"lora_targets {targets!r}: adapters go on the decoder's linear layers "
+                          f"only, not on {', '.join(unsupported[:3])}")
     for p in trainable:
         p.requires_grad_(True)
     return sum(p.numel() for p in trainable)
