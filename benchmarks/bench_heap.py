@@ -24,12 +24,13 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from arm_processes import alternate
 
 ARMS = ("glibc default", "kept heap", "1 MiB mmap threshold")
 M_MMAP_THRESHOLD = -3
@@ -97,14 +98,8 @@ def main() -> None:
         child(args.child, args.updates, args.rows)
         return
     load = [os.getloadavg()[0]]
-    rows = []
-    for r in range(args.rounds):  # bounded by --rounds
-        for arm in args.arms if r % 2 == 0 else args.arms[::-1]:
-            print(f"round {r + 1}/{args.rounds}: {arm} ...", file=sys.stderr, flush=True)
-            out = subprocess.run([sys.executable, __file__, "--child", arm, "--updates",
-                                  str(args.updates), "--rows", args.rows],
-                                 capture_output=True, text=True, check=True, timeout=1800)
-            rows.append((r + 1, arm, json.loads(out.stdout.strip().splitlines()[-1])))
+    rows = alternate(__file__, {arm: ["--child", arm, "--updates", str(args.updates), "--rows",
+                                      args.rows] for arm in args.arms}, args.rounds, 1800)
     load.append(os.getloadavg()[0])
     print(f"load average (1 min) before/after: {load[0]:.2f} / {load[1]:.2f}")
     print("| round | allocator | update s, each | system s, each | minor faults, each "

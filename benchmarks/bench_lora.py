@@ -22,12 +22,13 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from arm_processes import alternate
 
 
 def rss_gb() -> float:
@@ -99,15 +100,10 @@ def main() -> None:
         return
     arms = {"all weights": 0, f"LoRA r={args.rank}": args.rank}
     load = [os.getloadavg()[0]]
-    rows = []
-    for r in range(args.rounds):  # bounded by --rounds
-        for arm in list(arms) if r % 2 == 0 else list(arms)[::-1]:
-            print(f"round {r + 1}/{args.rounds}: {arm} ...", file=sys.stderr, flush=True)
-            out = subprocess.run([sys.executable, __file__, "--child-rank", str(arms[arm]),
-                                  "--model", args.model, "--updates", str(args.updates),
-                                  "--micro-batch-tokens", str(args.micro_batch_tokens)],
-                                 capture_output=True, text=True, check=True, timeout=3600)
-            rows.append((r + 1, arm, json.loads(out.stdout.strip().splitlines()[-1])))
+    rows = alternate(__file__, {arm: ["--child-rank", str(rank), "--model", args.model,
+                                      "--updates", str(args.updates), "--micro-batch-tokens",
+                                      str(args.micro_batch_tokens)]
+                                for arm, rank in arms.items()}, args.rounds, 3600)
     load.append(os.getloadavg()[0])
     print(f"model {args.model}, micro_batch_tokens {args.micro_batch_tokens}; load average (1 min) before/after: {load[0]:.2f} / {load[1]:.2f}")
     print("| round | arm | trained parameters | update s, each | push to engine s "

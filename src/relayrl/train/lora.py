@@ -92,11 +92,6 @@ def adapters_off(*models: Any) -> Iterator[None]:
             layer.enable_adapters(True)  # trainable again, as add_adapters left them
 
 
-def has_adapters(model: Any) -> bool:
-    """Whether `add_adapters` put adapters in `model`."""
-    return bool(_lora_layers(model))
-
-
 @torch.no_grad()
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """The plain model's state dict (its own key names) with every adapter folded into its weight.
