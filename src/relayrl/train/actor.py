@@ -99,6 +99,20 @@ def bf16_copy(model: Any) -> Any:
     return twin
 
 
+def freeze_lower_layers(model: Any, count: int) -> None:
+    """Keep the input embeddings (with a head tied to them) and the first `count` decoder layers
+    as loaded: nothing below the first trained layer needs a gradient, so the backward stops there.
+    """
+    layers = model.get_decoder().layers
+    if count >= len(layers):
+        raise ConfigError(f"freeze_layers={count} would freeze all {len(layers)} decoder layers")
+    # The input embeddings' gradient would need the backward through every layer; a tied output
+    # head is the same parameter, so it is frozen with them.
+    model.get_input_embeddings().requires_grad_(False)
+    for layer in layers[:count]:
+        layer.requires_grad_(False)
+
+
 @functools.cache
 def _prefix_cache_class() -> type:
     """transformers' DynamicCache, with `update` kept out of `torch.compile` (`train.compile`).
@@ -141,6 +155,8 @@ class Actor:
         if config.lora_rank:
             self.lora_params = lora.add_adapters(self.model, config.lora_rank, config.lora_alpha,
                                                  config.lora_targets)
+        if config.freeze_layers:
+            freeze_lower_layers(self.model, config.freeze_layers)
         self.bf16 = resolve_bf16(config.bf16, self.device)
         self.bf16_copy = self.bf16 and config.bf16_mode == "copy"
         """Forward and backward run on a bf16 copy of the weights (else on `model`)."""
@@ -210,7 +226,12 @@ class Actor:
                               "with the config it was trained with")
         else:
             actor = cls(str(checkpoint), config, device, reference_path)
-        load_optimizer_state(actor.optimizer, checkpoint)
+        try:
+            load_optimizer_state(actor.optimizer, checkpoint)
+        except ValueError as exc:  # torch's words for moments of other parameters
+            raise ConfigError(f"{checkpoint}'s optimizer state is for other trained parameters "
+                              f"than this config's (freeze_layers={config.freeze_layers}): resume "
+                              f"it with the config it was trained with ({exc})") from None
         actor.step, actor.version = state.step, state.version
         return actor
 

@@ -60,6 +60,7 @@ class TrainConfig:
     lora_rank: int = 0                        # >0: train rank-r LoRA adapters (peft) on lora_targets instead of every weight; the engine and checkpoints get the merged weights
     lora_alpha: float = 32.0                  # adapter scale: alpha / rank times B @ A
     lora_targets: str | tuple[str, ...] = "all-linear"  # modules that get adapters: peft's target_modules (all-linear: every linear layer but the output head)
+    freeze_layers: int = 0                    # the embeddings (and a head tied to them) and the first N decoder layers stay as loaded: the backward stops above them; 0 trains every layer
     keep_heap: bool = True                    # glibc: the process keeps what an update frees for the next one (one arena, no trim, no mmap; relayrl/heap.py)
 
     def __post_init__(self) -> None:
@@ -90,6 +91,11 @@ class TrainConfig:
         if self.lora_rank and self.compile:
             # compiled layers around peft's adapter modules have never been run
             raise ConfigError("lora_rank with compile is not supported: set compile: false")
+        if self.freeze_layers < 0:
+            raise ConfigError(f"freeze_layers must be >= 0, got {self.freeze_layers}")
+        if self.freeze_layers and self.lora_rank:
+            # adapters already leave every base weight frozen; which layers get them is lora_targets
+            raise ConfigError("freeze_layers with lora_rank is not supported: set one of them to 0")
         if self.behav_weight_cap is not None and self.behav_weight_cap <= 0:
             raise ConfigError(f"behav_weight_cap must be > 0 or null, got {self.behav_weight_cap}")
 
