@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 
 from relayrl.errors import ConfigError, ModelError
 from relayrl.models import cache_kwarg, cpu_has_bf16_units
@@ -113,6 +114,24 @@ def freeze_lower_layers(model: Any, count: int) -> None:
         layer.requires_grad_(False)
 
 
+def checkpoint_layer(layer: torch.nn.Module) -> None:
+    """Make `layer` keep only its inputs for the backward and run again there to get the rest
+    (gradient checkpointing); without grad it runs as before."""
+    forward = layer.forward
+
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        # A shared prefix's pass fills its cache: run again, it would add its keys twice. It
+        # keeps its activations (one row of the prompt, under each layer's own cost).
+        filling = any(getattr(v, "sealed", True) is False for v in kwargs.values())
+        if filling or not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        # non-reentrant: keyword arguments (the prefix's cache, unpadded pieces) pass through,
+        # and the recomputation runs inside the backward on the thread that called it
+        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    layer.forward = checkpointed
+
+
 @functools.cache
 def _prefix_cache_class() -> type:
     """transformers' DynamicCache, with `update` kept out of `torch.compile` (`train.compile`).
@@ -126,9 +145,19 @@ def _prefix_cache_class() -> type:
     from transformers import DynamicCache
 
     class PrefixCache(DynamicCache):
+        sealed = False
+        """Set once the prefix has run: the rows' keys and values are then returned after the
+        prefix's but not kept, so a layer run again (gradient checkpointing recomputes each
+        layer in the backward) sees the same past as the first time."""
+
         @torch.compiler.disable
-        def update(self, *args: Any, **kwargs: Any) -> Any:
-            return super().update(*args, **kwargs)
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+                   *args: Any, **kwargs: Any) -> Any:
+            if not self.sealed:
+                return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+            past = self.layers[layer_idx]
+            return (torch.cat([past.keys, key_states], dim=-2),
+                    torch.cat([past.values, value_states], dim=-2))
 
     return PrefixCache
 
@@ -181,6 +210,9 @@ class Actor:
         """Torch threads the computing thread should use from the next decoder layer on (forward
         or backward); None leaves its count alone. Set from another thread: the trainer lends
         an idle engine's cores to an update this way (`relayrl.train.trainer`)."""
+        if config.gradient_checkpointing:
+            for layer in self.compute_model.get_decoder().layers:
+                checkpoint_layer(layer)
         if not config.compile:  # hooks would break the compiled layers' graphs
             for layer in self.compute_model.get_decoder().layers:
                 layer.register_forward_pre_hook(self._follow_threads)
@@ -301,6 +333,7 @@ class Actor:
                     device=self.device)[None], use_cache=True, **{cache_kwarg(decoder): cache})
             if not unpadded:  # unpadded pieces attend to the one prefix row as it is
                 cache.batch_repeat_interleave(ids_M_L.shape[0])
+            cache.sealed = True
             return decoder(input_ids=ids_M_L, position_ids=positions_M_L, use_cache=True,
                            **{cache_kwarg(decoder): cache}, **unpadded).last_hidden_state
 

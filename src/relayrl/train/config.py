@@ -60,6 +60,7 @@ class TrainConfig:
     lora_rank: int = 0                        # >0: train rank-r LoRA adapters (peft) on lora_targets instead of every weight; the engine and checkpoints get the merged weights
     lora_alpha: float = 32.0                  # adapter scale: alpha / rank times B @ A
     lora_targets: str | tuple[str, ...] = "all-linear"  # modules that get adapters: peft's target_modules (all-linear: every linear layer but the output head)
+    gradient_checkpointing: bool = False      # keep only each decoder layer's input for the backward and run the layer again there: activations' memory for ~1/3 more compute
     freeze_layers: int = 0                    # the embeddings (and a head tied to them) and the first N decoder layers stay as loaded: the backward stops above them; 0 trains every layer
     keep_heap: bool = True                    # glibc: the process keeps what an update frees for the next one (one arena, no trim, no mmap; relayrl/heap.py)
 
@@ -91,6 +92,9 @@ class TrainConfig:
         if self.lora_rank and self.compile:
             # compiled layers around peft's adapter modules have never been run
             raise ConfigError("lora_rank with compile is not supported: set compile: false")
+        if self.gradient_checkpointing and self.compile:
+            # checkpointed layers inside compiled ones have never been run
+            raise ConfigError("gradient_checkpointing with compile is not supported: set compile: false")
         if self.freeze_layers < 0:
             raise ConfigError(f"freeze_layers must be >= 0, got {self.freeze_layers}")
         if self.freeze_layers and self.lora_rank:
