@@ -1,18 +1,20 @@
-"""LoRA adapters (`train.lora_rank`) against training every weight: an update's time and the
-process's peak memory, interleaved.
+"""Ways to train with less against training every weight as it is: LoRA adapters
+(`train.lora_rank`), frozen lower layers (`train.freeze_layers`), gradient checkpointing
+(`train.gradient_checkpointing`). An update's time and the process's peak memory, interleaved.
 
-Run by hand:  python benchmarks/bench_lora.py [--model NAME] [--rank 16] [--rounds 2]
-              [--updates 2] [--micro-batch-tokens 4096]
+Run by hand:  python benchmarks/bench_lora.py [--model NAME] [--rank 16] [--freeze N]
+              [--checkpointing] [--rounds 2] [--updates 2] [--micro-batch-tokens 4096]
 
 Each arm runs in its own process (so that its peak RSS is its own), arms alternating for
 `--rounds` rounds, their order reversed every other round. A process keeps its freed heap (as a
-launched run does), loads the model with the default `TrainConfig` (plus `lora_rank` for the
-LoRA arm), runs every update on one worker thread with 2 torch threads as the trainer does, and
-times `--updates` updates of bench_train's 16 agent rows after one warm-up, then the weights'
-way to the engine (`state_dict_for_engine`: free for full training, adapters folded in for
-LoRA). Printed: each update's seconds, the push's, the RSS after loading and the peak RSS, and
-the median update's ratio. Nothing is written. tests/train/test_lora.py checks what the arm
-computes; this measures only its cost.
+launched run does), loads the model with the default `TrainConfig` plus its arm's setting
+(`--rank 0` leaves the LoRA arm out; `--freeze N` and `--checkpointing` add theirs), runs
+every update on one worker thread with 2 torch threads as the trainer does, and times
+`--updates` updates of bench_train's 16 agent rows after one warm-up, then the weights' way to
+the engine (`state_dict_for_engine`: free for full training, adapters folded in for LoRA).
+Printed: each update's seconds, the push's, the RSS after loading and the peak RSS, and the
+median update's ratio. Nothing is written. tests/train/test_lora.py, test_freeze.py and
+test_checkpointing.py check what the arms compute; this measures only their cost.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def rss_gb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
 
 
-def child(model: str, rank: int, updates: int, micro_batch_tokens: int) -> None:
+def child(model: str, overrides: dict[str, Any], updates: int, micro_batch_tokens: int) -> None:
     """One process: load, warm up, time updates and a push; prints one JSON line."""
     from relayrl.heap import keep_freed_heap
 
@@ -52,7 +54,7 @@ def child(model: str, rank: int, updates: int, micro_batch_tokens: int) -> None:
     from relayrl.train.advantages import compute_advantages
     from relayrl.train.config import TrainConfig
 
-    cfg = TrainConfig(lora_rank=rank, micro_batch_tokens=micro_batch_tokens)
+    cfg = TrainConfig(micro_batch_tokens=micro_batch_tokens, **overrides)
     worker = ThreadPoolExecutor(max_workers=1)  # the trainer's one update thread
 
     def on_worker(fn: Any, *args: Any) -> Any:
@@ -86,24 +88,36 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--rank", type=int, default=16, help="the LoRA arm's lora_rank")
+    ap.add_argument("--rank", type=int, default=16, help="the LoRA arm's lora_rank; 0: no LoRA arm")
+    ap.add_argument("--freeze", type=int, default=0,
+                    help="also an arm with train.freeze_layers=N (0: none)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--updates", type=int, default=2)
     ap.add_argument("--micro-batch-tokens", type=int, default=4096,
                     help="train.micro_batch_tokens of both arms (activations' share of memory)")
-    ap.add_argument("--child-rank", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--checkpointing", action="store_true",
+                    help="also an arm with train.gradient_checkpointing")
+    ap.add_argument("--child-config", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.rounds < 1 or args.updates < 1 or args.rank < 1:
-        ap.error("--rounds, --updates and --rank must be at least 1")
-    if args.child_rank is not None:
-        child(args.model, args.child_rank, args.updates, args.micro_batch_tokens)
+    if args.rounds < 1 or args.updates < 1 or args.rank < 0 or args.freeze < 0:
+        ap.error("--rounds and --updates must be at least 1, --rank and --freeze at least 0")
+    if args.child_config is not None:
+        child(args.model, json.loads(args.child_config), args.updates, args.micro_batch_tokens)
         return
-    arms = {"all weights": 0, f"LoRA r={args.rank}": args.rank}
+    arms: dict[str, dict[str, Any]] = {"all weights": {}}
+    if args.rank:
+        arms[f"LoRA r={args.rank}"] = {"lora_rank": args.rank}
+    if args.freeze:
+        arms[f"{args.freeze} layers frozen"] = {"freeze_layers": args.freeze}
+    if args.checkpointing:
+        arms["gradient checkpointing"] = {"gradient_checkpointing": True}
+    if len(arms) == 1:
+        ap.error("nothing to compare: --rank 0 and no other arm")
     load = [os.getloadavg()[0]]
-    rows = alternate(__file__, {arm: ["--child-rank", str(rank), "--model", args.model,
-                                      "--updates", str(args.updates), "--micro-batch-tokens",
-                                      str(args.micro_batch_tokens)]
-                                for arm, rank in arms.items()}, args.rounds, 3600)
+    rows = alternate(__file__, {arm: ["--child-config", json.dumps(overrides),
+                                      "--model", args.model, "--updates", str(args.updates),
+                                      "--micro-batch-tokens", str(args.micro_batch_tokens)]
+                                for arm, overrides in arms.items()}, args.rounds, 3600)
     load.append(os.getloadavg()[0])
     print(f"model {args.model}, micro_batch_tokens {args.micro_batch_tokens}; load average (1 min) before/after: {load[0]:.2f} / {load[1]:.2f}")
     print("| round | arm | trained parameters | update s, each | push to engine s "
@@ -115,10 +129,11 @@ def main() -> None:
               f"| {m['loaded_gb']:.2f} | {m['maxrss_gb']:.2f} |")
     median = {arm: statistics.median(w for _, a, m in rows if a == arm for w in m["walls"])
               for arm in arms}
-    full, adapted = median.values()
+    full = median["all weights"]
     tokens = rows[0][2]["forward_tokens"]
     print(f"forward tokens an update: {tokens:.0f}; median update s: " + ", ".join(
-        f"{arm} {s:.2f}" for arm, s in median.items()) + f"; all weights / LoRA {full / adapted:.2f}x")
+        f"{arm} {s:.2f}" for arm, s in median.items()) + "; all weights / arm: " + ", ".join(
+        f"{arm} {full / s:.2f}x" for arm, s in median.items() if arm != "all weights"))
 
 
 if __name__ == "__main__":
