@@ -177,6 +177,11 @@ def test_two_ranks_take_the_same_step_as_one_process(tiny_llama_dir: str, tmp_pa
         # LoRA: only the adapters' gradients are summed across ranks (the rest are frozen)
         _case("lora", tiny_llama_dir, [12, 9, 15, 7], ["a", "a", "b", "b"], lora_rank=4,
               lora_alpha=8.0),
+        # frozen lower layers: only the trained layers' gradients exist and are summed
+        _case("freeze", tiny_llama_dir, [12, 9, 15, 7], ["a", "a", "b", "b"], freeze_layers=1),
+        # gradient checkpointing: each rank runs its layers again in its backward
+        _case("checkpointing", tiny_llama_dir, [12, 9, 15, 7], ["a", "a", "b", "b"],
+              gradient_checkpointing=True),
     ]
     single = {c[0]: one_step(Actor(tiny_llama_dir, c[1]), c) for c in cases}
 
@@ -205,6 +210,9 @@ def test_two_ranks_take_the_same_step_as_one_process(tiny_llama_dir: str, tmp_pa
         assert m2["dp_world_size"] == 2
         if cfg.lora_rank:  # the gradients applied were the adapters' alone
             assert r0["grads"] and all(".lora_" in k for k in r0["grads"])
+        if cfg.freeze_layers:
+            assert r0["grads"] and all(k.startswith("model.layers.1.") or k == "model.norm.weight"
+                                       for k in r0["grads"])
         assert r0["version"] == r1["version"] == one["version"] == 1  # once a batch
         # rank 1 took each minibatch's part, and with several its part of the proximal scoring
         assert r1["commands"] == (1 if cfg.minibatches == 1 else cfg.minibatches + 1)
