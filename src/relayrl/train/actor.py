@@ -121,8 +121,9 @@ def checkpoint_layer(layer: torch.nn.Module) -> None:
 
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
         # A shared prefix's pass fills its cache: run again, it would add its keys twice. It
-        # keeps its activations (one row of the prompt, under each layer's own cost).
-        filling = any(getattr(v, "sealed", True) is False for v in kwargs.values())
+        # keeps its activations instead: one row of the prompt, a small part of a micro-batch.
+        filling = any(isinstance(v, _prefix_cache_class()) and not v.sealed
+                      for v in kwargs.values())
         if filling or not torch.is_grad_enabled():
             return forward(*args, **kwargs)
         # non-reentrant: keyword arguments (the prefix's cache, unpadded pieces) pass through,
