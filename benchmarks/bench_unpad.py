@@ -4,7 +4,9 @@ Run by hand:  RELAYRL_HOME=/tmp/rr python benchmarks/bench_unpad.py [--rounds 5]
               [--model DIR] [--threads 2]
 
 Arms, each an actor on the default model with the default `TrainConfig` but for what is named:
-`unpad` (the default: a micro-batch's rows end to end, padded only inside attention), `pad`
+`unpad` (the default: a micro-batch's rows end to end, padded only inside attention, each
+group's question run once as a stem), `unpad, no stems` (the same with every row running its
+question itself, as before stems), `pad`
 (the default before it: rows padded to the micro-batch's bucketed length) and `issue 14`
 (the update as issue 14 found it: bench_train's `ISSUE_14` arm). Each updates bench_train's 16
 agent-shaped rows (a 313-token system prompt, a question per group of 8, a tool call, its result
@@ -31,8 +33,23 @@ from tqdm import tqdm
 
 from relayrl.heap import keep_freed_heap
 from relayrl.models import DEFAULT_MODEL, model_path
+from relayrl.train import packing
 from relayrl.train.actor import Actor
 from relayrl.train.config import TrainConfig
+
+
+def without_stems(update: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
+    """`update` with no stems planned: every row of an unpadded micro-batch runs its question."""
+
+    def run() -> dict[str, float]:
+        saved = packing.MIN_STEM
+        packing.MIN_STEM = 1 << 30  # no run of rows shares that many tokens
+        try:
+            return update()
+        finally:
+            packing.MIN_STEM = saved
+
+    return run
 
 
 def main() -> None:
@@ -56,6 +73,7 @@ def main() -> None:
     filed_cfg = TrainConfig(bf16_mode="autocast", length_bucket=1, share_prefix=False, packing="pad")
     arms: dict[str, Callable[[], dict[str, float]]] = {
         "unpad": update_fn(unpad, agents, unpad_cfg),
+        "unpad, no stems": without_stems(update_fn(unpad, agents, unpad_cfg)),
         "pad": update_fn(pad, agents, pad_cfg),
         ISSUE_14: former_kernels(path, filed_cfg, unfused_adamw=True)(agents),
     }

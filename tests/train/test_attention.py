@@ -74,3 +74,46 @@ def test_unpadded_pieces_attend_as_their_own_rows_after_the_prefix(prefix, group
     grads = [torch.autograd.grad((o * weights).sum(), (q, k, v)) for o in (out, want_out)]
     for mine, theirs in zip(*grads, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
+# Piece 0 is a stem that pieces 1 and 2 continue; piece 3 stands alone; piece 4 is a shorter
+# stem that piece 5 continues.
+STEM_PIECES, STEMS = [4, 5, 2, 3, 2, 3], [-1, 0, 0, -1, -1, 4]
+
+
+@pytest.mark.parametrize("prefix", [0, PREFIX])
+@pytest.mark.parametrize("grouped_mask", [True, False], ids=["cpu-kernel", "heads-repeated"])
+def test_pieces_that_continue_a_stem_attend_to_it_between_the_prefix_and_themselves(
+        prefix, grouped_mask, monkeypatch):
+    monkeypatch.setattr(attention, "_masks_grouped_heads", lambda device: grouped_mask)
+    g = torch.Generator().manual_seed(2)
+    s = sum(STEM_PIECES)
+    q = torch.randn(1, 6, s, 8, generator=g, requires_grad=True)
+    k = torch.randn(1, 2, prefix + s, 8, generator=g, requires_grad=True)
+    v = torch.randn(1, 2, prefix + s, 8, generator=g, requires_grad=True)
+    layout = attention.Unpadded.of(STEM_PIECES, prefix, torch.device("cpu"), STEMS)
+    assert layout.stem == 4 and layout.mask.shape == (6, 1, 5, prefix + 4 + 5)
+    out, _ = attention.sdpa_gqa(_Layer(), q, k, v, None, scaling=8 ** -0.5,
+                                **{attention.UNPADDED: layout})
+    # Each piece on its own: the prefix's keys, its stem's, then its own, causal.
+    starts = [0]
+    for n in STEM_PIECES:
+        starts.append(starts[-1] + n)
+    want = []
+    for i, n in enumerate(STEM_PIECES):
+        spans = [(0, prefix)] + ([(prefix + starts[STEMS[i]], prefix + starts[STEMS[i] + 1])]
+                                 if STEMS[i] >= 0 else []) + [(prefix + starts[i], prefix + starts[i] + n)]
+        keys = torch.cat([k[:, :, a:b] for a, b in spans], 2)
+        values = torch.cat([v[:, :, a:b] for a, b in spans], 2)
+        seen = keys.shape[2] - n
+        mask = torch.ones(n, seen + n, dtype=torch.bool).tril(seen)
+        want.append(torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, starts[i]:starts[i] + n], keys.repeat_interleave(3, 1),
+            values.repeat_interleave(3, 1), attn_mask=mask, scale=8 ** -0.5).transpose(1, 2))
+    want_out = torch.cat(want, 1)
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5)
+    # The stems' keys get the gradient of every piece that continues them.
+    weights = torch.randn(out.shape, generator=g)
+    grads = [torch.autograd.grad((o * weights).sum(), (q, k, v)) for o in (out, want_out)]
+    for mine, theirs in zip(*grads, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)

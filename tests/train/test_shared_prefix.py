@@ -15,32 +15,38 @@ from relayrl.train.checkpoint import copy_tokenizer_files
 from relayrl.train.config import TrainConfig
 from relayrl.train.packing import (
     MIN_SHARED_PREFIX,
+    MIN_STEM,
     TrainBatch,
     micro_batches,
     plan_by_length,
     plan_shared_prefix,
+    plan_stems,
 )
 
 from .conftest import TINY, random_batch
 
 SYSTEM, QUESTION = 40, 6
+LONG_QUESTION = MIN_STEM + 6
+"""A question whose tokens (all but the last, which scores the first reply token) make a stem."""
 
 
-def agent_batch(vocab: int, groups: int = 2, per_group: int = 3, seed: int = 0) -> TrainBatch:
+def agent_batch(vocab: int, groups: int = 2, per_group: int = 3, seed: int = 0,
+                question_len: int = QUESTION) -> TrainBatch:
     """Rows shaped like GRPO groups of agent episodes: one system prompt for every row, one
     question per group, then each episode's own replies (trained) and tool results (not)."""
     g = torch.Generator().manual_seed(seed)
     system = torch.randint(0, vocab, (SYSTEM,), generator=g)
     rows, trained = [], []
     for _ in range(groups):
-        question = torch.randint(0, vocab, (QUESTION,), generator=g)
+        question = torch.randint(0, vocab, (question_len,), generator=g)
         for _ in range(per_group):
             n = int(torch.randint(12, 30, (), generator=g))
             rest = torch.randint(0, vocab, (n,), generator=g)
             rows.append(torch.cat([system, question, rest]))
             mask = torch.zeros(len(rows[-1]), dtype=torch.bool)
-            mask[SYSTEM + QUESTION:] = True
-            mask[SYSTEM + QUESTION + n // 2: SYSTEM + QUESTION + n // 2 + 4] = False  # a tool result
+            start = SYSTEM + question_len
+            mask[start:] = True
+            mask[start + n // 2: start + n // 2 + 4] = False  # a tool result
             trained.append(mask)
     b, t = len(rows), max(len(r) for r in rows)
     ids = torch.zeros(b, t, dtype=torch.long)
@@ -163,20 +169,77 @@ def test_unpadded_micro_batches_hold_each_row_s_own_tokens_once_after_the_prefix
     assert all(mb.prefix_len == 0 for mb in micro_batches(batch, 400, "unpad"))
 
 
-@pytest.mark.parametrize("packing,share", [("pad", True), ("unpad", True), ("unpad", False)])
+def test_each_group_s_question_runs_once_as_a_stem_that_its_rows_continue() -> None:
+    batch = agent_batch(vocab=1000, groups=3, per_group=4, question_len=LONG_QUESTION)
+    needed = (batch.loss_mask_B_T.cumsum(1).argmax(1) + 1).tolist()
+    stem = LONG_QUESTION - 1  # the question's last token scores the first reply token
+    (mb,) = micro_batches(batch, 1000, "unpad", share_prefix=True)
+    assert mb.prefix_len == SYSTEM and sorted(mb.rows) == list(range(12))
+    # Per group: its stem, then its four rows' pieces; every piece after a stem continues it.
+    assert mb.piece_stems == (-1, 0, 0, 0, 0, -1, 5, 5, 5, 5, -1, 10, 10, 10, 10)
+    assert [mb.piece_lengths[i] for i in (0, 5, 10)] == [stem] * 3
+    assert mb.num_tokens == SYSTEM + 3 * stem + sum(needed) - 12 * (SYSTEM + stem)
+    starts = torch.tensor((0, *mb.piece_lengths)).cumsum(0)[:-1]
+    for i, (start, parent) in enumerate(zip(starts.tolist(), mb.piece_stems, strict=True)):
+        # Positions continue from the prefix, and after a stem from the stem's end.
+        assert int(mb.position_ids_M_L[0, start]) == SYSTEM + (stem if parent >= 0 else 0), i
+    for k, b in enumerate(mb.rows):  # a stem holds its group's question (all rows agree)
+        group_stem = 5 * (k // 4)
+        a = int(starts[group_stem])
+        assert torch.equal(mb.input_ids_M_L[0, a:a + stem], batch.input_ids_B_T[b, SYSTEM:SYSTEM + stem])
+    assert torch.equal(mb.input_ids_M_L[mb.target_m_N, mb.target_l_N], mb.take(batch.input_ids_B_T))
+    assert torch.equal(mb.source_N.sort().values, batch.loss_mask_B_T.reshape(-1).nonzero()[:, 0])
+    assert int(mb.target_l_N.min()) >= 1 and not any(
+        int(s) <= int(t) < int(s) + stem for t in mb.target_l_N for s in starts[[0, 5, 10]])
+    # Short questions make no stems, as without them.
+    (short,) = micro_batches(agent_batch(vocab=1000, groups=3, per_group=4), 1000, "unpad",
+                             share_prefix=True)
+    assert short.piece_stems is None
+
+
+def test_a_row_joins_a_stem_only_while_the_run_saves_more_tokens() -> None:
+    base = torch.arange(200)
+
+    def row(shared: int, tag: int) -> torch.Tensor:
+        return torch.cat([base[:10 + shared], torch.full((20,), 1000 + tag)])
+
+    first = [60] * 5
+    # Three rows share 30 tokens after a 10-token prefix; a fourth shares only MIN_STEM - 1.
+    rows = [row(30, 0), row(30, 1), row(30, 2), torch.cat([base[:10 + MIN_STEM - 1],
+                                                          torch.full((40,), 7)])]
+    assert plan_stems(rows, first, 10) == [([3], 0), ([0, 1, 2], 30)]  # in token order
+    # A row that would halve a pair's stem: 2 x 15 saved against 1 x 30, it joins (no loss);
+    # one that would cut a run of three's 30 to 12 (3 x 12 < 2 x 30) starts a run of its own.
+    assert plan_stems([row(30, 0), row(30, 1), row(15, 2)], first, 10) == [([0, 1, 2], 15)]
+    assert plan_stems([*rows[:3], row(12, 3)], first, 10) == [([0, 1, 2], 30), ([3], 0)]
+    # A stem stops before the position that scores a row's first trained token.
+    assert plan_stems(rows[:2], [25, 60], 10) == [([0, 1], 14)]
+    assert plan_stems(rows[:2], [10 + MIN_STEM, 60], 10) == [([0], 0), ([1], 0)]
+
+
+@pytest.mark.parametrize("packing,share,question,budget", [
+    ("pad", True, QUESTION, 140), ("unpad", True, QUESTION, 140), ("unpad", False, QUESTION, 140),
+    ("unpad", True, LONG_QUESTION, 400)], ids=["pad", "unpad", "unpad-unshared", "unpad-stems"])
 @pytest.mark.parametrize("model_fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])
 def test_shared_prefix_logprobs_gradients_and_step_equal_the_full_rows(
-    model_fixture: str, packing: str, share: bool, request: pytest.FixtureRequest
+    model_fixture: str, packing: str, share: bool, question: int, budget: int,
+    request: pytest.FixtureRequest
 ) -> None:
     path = request.getfixturevalue(model_fixture)
     # A large Adam epsilon: on gradients near 0 Adam's first step is sign(g) * lr, which would
     # turn float noise between two equal gradients into full-size differences.
-    cfg = TrainConfig(micro_batch_tokens=140, bf16=False, lr=1e-3, adam_eps=1e-3,
+    cfg = TrainConfig(micro_batch_tokens=budget, bf16=False, lr=1e-3, adam_eps=1e-3,
                       length_bucket=1, packing="pad", share_prefix=False)
     full = Actor(path, cfg)
     shared = Actor(path, TrainConfig(**{**cfg.__dict__, "packing": packing, "share_prefix": share}))
-    batch = agent_batch(vocab=full.model.config.vocab_size, seed=2)
+    batch = agent_batch(vocab=full.model.config.vocab_size, seed=2, question_len=question,
+                        groups=3 if question == LONG_QUESTION else 2)
+    if question == LONG_QUESTION:  # the last group's one row runs without a stem beside them
+        batch = batch.select(range(7))
     assert all((mb.prefix_len > 0) == share for mb in shared.micro_batches(batch))
+    # Stems only where a group's question is long enough to be worth one.
+    assert all((mb.piece_stems is not None) == (question == LONG_QUESTION)
+               for mb in shared.micro_batches(batch))
     assert all(mb.prefix_len == 0 and mb.piece_lengths is None for mb in full.micro_batches(batch))
     assert torch.allclose(shared.compute_logprobs(batch), full.compute_logprobs(batch), atol=1e-5)
 

@@ -313,7 +313,7 @@ class Actor:
         positions_M_L = mb.position_ids_M_L.to(self.device)
         # An unpadded micro-batch is one row of pieces; attention lays them out as rows.
         unpadded = {} if mb.piece_lengths is None else {attention.UNPADDED: attention.Unpadded.of(
-            mb.piece_lengths, mb.prefix_len, self.device)}
+            mb.piece_lengths, mb.prefix_len, self.device, mb.piece_stems)}
         if mb.prefix_ids_P is None:
             return decoder(input_ids=ids_M_L, position_ids=positions_M_L, use_cache=False,
                            **unpadded).last_hidden_state

@@ -20,6 +20,7 @@ padded rows for the one SDPA call and their outputs gathered back.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,8 +41,9 @@ class Unpadded:
 
     The micro-batch is one row of pieces end to end (`packing="unpad"`): its products run on
     real tokens only, and attention alone pads: each piece becomes a row of `longest` tokens
-    (right-padded, so no real query sees a pad) attending to the shared prefix's `prefix` keys
-    and causally to its own. The padding then costs only the attention's share of the work.
+    (right-padded, so no real query sees a pad) attending to the shared prefix's `prefix` keys,
+    to the keys of the stem it continues (if any; `stem` columns, the longest stem's), and
+    causally to its own. The padding then costs only the attention's share of the work.
     """
 
     index_S: torch.Tensor
@@ -50,16 +52,40 @@ class Unpadded:
     longest: int
     prefix: int
     mask: torch.Tensor | None
-    """`[longest, prefix + longest]`: the prefix, then causal; None without a prefix."""
+    """`[longest, prefix + longest]`: the prefix, then causal; None without a prefix. With
+    stems `[rows, 1, longest, prefix + stem + longest]`: the prefix, the row's stem, causal."""
+    stem: int = 0
+    """Key columns for stems: the longest stem's length (0: no piece continues a stem)."""
+    stem_index: torch.Tensor | None = None
+    """`[rows * stem]`: position among the pieces' tokens of each row's stem keys (0 where the
+    row's stem is shorter, masked)."""
 
     @classmethod
-    def of(cls, pieces: Sequence[int], prefix: int, device: torch.device) -> Unpadded:
-        """The layout of pieces this long after a `prefix`-token common prefix."""
+    def of(cls, pieces: Sequence[int], prefix: int, device: torch.device,
+           stems: Sequence[int] | None = None) -> Unpadded:
+        """The layout of pieces this long after a `prefix`-token common prefix; `stems[i]` is
+        the index of the piece that piece i continues, or -1."""
         longest = max(pieces)
         index_S = torch.cat([torch.arange(n) + i * longest for i, n in enumerate(pieces)])
-        mask = (torch.ones(longest, prefix + longest, dtype=torch.bool, device=device)
-                .tril(prefix) if prefix else None)
-        return cls(index_S.to(device), len(pieces), longest, prefix, mask)
+        stem_len = [pieces[s] if s >= 0 else 0 for s in stems] if stems else []
+        width = max(stem_len, default=0)
+        if not width:
+            mask = (torch.ones(longest, prefix + longest, dtype=torch.bool, device=device)
+                    .tril(prefix) if prefix else None)
+            return cls(index_S.to(device), len(pieces), longest, prefix, mask)
+        assert stems is not None
+        starts = [0, *itertools.accumulate(pieces)]
+        stem_index = torch.tensor([starts[s] + j if j < n else 0 for s, n in zip(stems, stem_len,
+                                                                                strict=True)
+                                   for j in range(width)], dtype=torch.long)
+        rows = len(pieces)
+        sees_stem_R_W = torch.arange(width)[None, :] < torch.tensor(stem_len)[:, None]
+        mask = torch.cat([torch.ones(rows, longest, prefix, dtype=torch.bool),
+                          sees_stem_R_W[:, None, :].expand(rows, longest, width),
+                          torch.ones(longest, longest, dtype=torch.bool).tril()
+                          .expand(rows, longest, longest)], 2)[:, None]
+        return cls(index_S.to(device), rows, longest, prefix, mask.to(device), width,
+                   stem_index.to(device))
 
 
 def _as_rows(x_1_H_S_D: torch.Tensor, layout: Unpadded) -> torch.Tensor:
@@ -71,16 +97,26 @@ def _as_rows(x_1_H_S_D: torch.Tensor, layout: Unpadded) -> torch.Tensor:
             .view(layout.rows, layout.longest, h, d).transpose(1, 2))
 
 
+def _keys(x_1_H_S_D: torch.Tensor, layout: Unpadded) -> torch.Tensor:
+    """Keys or values `[1, H, prefix + S, D]` as each row sees them: `[rows, H, K, D]`, the
+    prefix's (a view per row, copied once by the cat), its stem's, then its own."""
+    p, rows = layout.prefix, layout.rows
+    parts = [x_1_H_S_D[:, :, :p].expand(rows, -1, -1, -1)] if p else []
+    if layout.stem:
+        _, h, _, d = x_1_H_S_D.shape
+        flat_S_H_D = x_1_H_S_D[0, :, p:].transpose(0, 1)
+        parts.append(flat_S_H_D.index_select(0, layout.stem_index)
+                     .view(rows, layout.stem, h, d).transpose(1, 2))
+    own = _as_rows(x_1_H_S_D[:, :, p:], layout)
+    return torch.cat([*parts, own], 2) if parts else own
+
+
 def unpadded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        layout: Unpadded, scaling: float | None) -> torch.Tensor:
     """Attention of an unpadded micro-batch's queries `[1, Hq, S, D]` over its keys and
     values `[1, Hk, prefix + S, D]`, as `[1, S, Hq, D]`."""
-    p = layout.prefix
     q = _as_rows(query, layout)
-    k, v = _as_rows(key[:, :, p:], layout), _as_rows(value[:, :, p:], layout)
-    if p:  # every piece attends to the one prefix: a view per row, copied once by the cat
-        k = torch.cat([key[:, :, :p].expand(layout.rows, -1, -1, -1), k], 2)
-        v = torch.cat([value[:, :, :p].expand(layout.rows, -1, -1, -1), v], 2)
+    k, v = _keys(key, layout), _keys(value, layout)
     grouped = _grouped(q, k)
     if grouped and not _masks_grouped_heads(q.device):
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)

@@ -262,6 +262,10 @@ class MicroBatch:
     piece_lengths: tuple[int, ...] | None = None
     """`unpad`: the micro-batch is one row holding its rows' pieces (after the prefix) end to
     end, these long (the last one padded up to the bucket); None: one row per batch row."""
+    piece_stems: tuple[int, ...] | None = None
+    """`unpad` with stems: per piece, the index of the stem piece it continues, or -1. A stem
+    holds the tokens a run of rows shares after the prefix (a GRPO group's question), run once;
+    its rows' pieces then hold only what follows it. None: no piece continues a stem."""
 
     @property
     def prefix_len(self) -> int:
@@ -315,6 +319,10 @@ def bucketed(length: int, bucket: int) -> int:
 
 MIN_SHARED_PREFIX = 32
 """A common prefix shorter than this is not run separately (a second pass costs more)."""
+
+MIN_STEM = 8
+"""Rows of an unpadded micro-batch that share fewer tokens than this after its prefix run them
+each (a stem is one more attention row and widens every row's keys by its length)."""
 
 
 def _worth(prefix: int) -> int:
@@ -476,9 +484,10 @@ def micro_batches(
         first = [int(first_B[b]) if share_prefix else 1 for b in live]
         # The shortest row last: the padding up to the bucket follows it, so that attention's
         # padded rows are no longer for it (a piece of its own would be one more row there).
+        stems_from = first_B if share_prefix else None
         return [_build_unpadded(batch, mask_B_T, sorted((live[i] for i in rows),
                                                         key=lambda b: -needed[b]),
-                                prefix, needed, bucket)
+                                prefix, needed, bucket, stems_from)
                 for rows, prefix in plan_unpadded(ids, first, max_tokens, bucket)]
     if packing == "pad":
         planned = [bucketed(needed[b], bucket) for b in live]
@@ -532,26 +541,84 @@ def _build_padded(
     )
 
 
+def plan_stems(
+    rows: Sequence[torch.Tensor], first: Sequence[int], prefix: int
+) -> list[tuple[list[int], int]]:
+    """An unpadded micro-batch's rows as runs that share a stem: `(rows, stem)`, where the stem is
+    how many tokens after the `prefix` the run's rows all start with (0: each row runs its own).
+
+    `rows[i]` are row i's ids and `first[i]` its first trained position; like the prefix, a stem
+    stops at `first - 1`, whose output scores the first trained token. Rows in token order, so a
+    GRPO group's episodes (one question) are neighbours; a row joins the run while the tokens the
+    run saves (rows - 1 times the stem) do not fall and the stem stays at least `MIN_STEM`.
+    """
+    order = sorted(range(len(rows)), key=lambda i: rows[i][prefix:].tolist())
+    runs: list[tuple[list[int], int]] = []
+    members: list[int] = []
+    stem = 0
+    for i in order:
+        allowed = first[i] - 1 - prefix
+        if members:
+            joint = min(stem, allowed,
+                        common_prefix_len(rows[members[0]][prefix:], rows[i][prefix:]))
+            if joint >= MIN_STEM and len(members) * joint >= (len(members) - 1) * stem:
+                members.append(i)
+                stem = joint
+                continue
+            runs.append((members, stem if len(members) > 1 else 0))
+        members, stem = [i], allowed
+    if members:
+        runs.append((members, stem if len(members) > 1 else 0))
+    return runs
+
+
 def _build_unpadded(
     batch: TrainBatch, mask_B_T: torch.Tensor, rows: list[int], prefix: int, lengths: list[int],
-    bucket: int,
+    bucket: int, first: Sequence[int] | None = None,
 ) -> MicroBatch:
+    """One unpadded micro-batch of `rows` (longest first) after their common `prefix`; with
+    `first` (each batch row's first trained position), runs of rows that share more tokens run
+    them once as a stem piece, followed by their own pieces."""
     t = batch.input_ids_B_T.shape[1]
-    ids, positions, target_l, source, pieces = [], [], [], [], []
+    runs = [(rows, 0)]
+    if first is not None and len(rows) > 1:
+        found = plan_stems([batch.input_ids_B_T[b, :lengths[b]] for b in rows],
+                           [first[b] for b in rows], prefix)
+        if any(stem for _, stem in found):
+            # Runs with a stem first, then the rest; longest first within each, so that the
+            # padding up to the bucket follows a short row.
+            shared = [([rows[i] for i in run], stem) for run, stem in found if stem]
+            alone = [rows[i] for run, stem in found if not stem for i in run]
+            order = {b: k for k, b in enumerate(rows)}
+            runs = [(sorted(run, key=order.__getitem__), stem) for run, stem in shared]
+            runs += [(sorted(alone, key=order.__getitem__), 0)] if alone else []
+    ids, positions, target_l, source, pieces, stems = [], [], [], [], [], []
     offset = 0
-    for b in rows:  # bounded by the rows of one micro-batch
-        n = lengths[b] - prefix
-        ids.append(batch.input_ids_B_T[b, prefix:lengths[b]])
-        positions.append(torch.arange(prefix, prefix + n))
-        (trained,) = mask_B_T[b, prefix:lengths[b]].nonzero(as_tuple=True)
-        target_l.append(trained + offset)
-        source.append(b * t + prefix + trained)
-        pieces.append(n)
-        offset += n
+    for run, stem in runs:  # bounded by the rows of one micro-batch
+        parent = -1
+        if stem:  # the run's shared tokens, once, as a piece no token is trained on
+            ids.append(batch.input_ids_B_T[run[0], prefix:prefix + stem])
+            positions.append(torch.arange(prefix, prefix + stem))
+            parent = len(pieces)
+            pieces.append(stem)
+            stems.append(-1)
+            offset += stem
+        start = prefix + stem
+        for b in run:
+            n = lengths[b] - start
+            ids.append(batch.input_ids_B_T[b, start:lengths[b]])
+            positions.append(torch.arange(start, start + n))
+            (trained,) = mask_B_T[b, start:lengths[b]].nonzero(as_tuple=True)
+            target_l.append(trained + offset)
+            source.append(b * t + start + trained)
+            pieces.append(n)
+            stems.append(parent)
+            offset += n
     pad = bucketed(offset, bucket) - offset
     if pad:  # id 0, never read, after the last row's tokens (which never attend to it)
+        last = int(positions[-1][-1]) + 1
         ids.append(torch.zeros(pad, dtype=batch.input_ids_B_T.dtype))
-        positions.append(torch.arange(prefix + pieces[-1], prefix + pieces[-1] + pad))
+        positions.append(torch.arange(last, last + pad))
         pieces[-1] += pad
     target_l_N = torch.cat(target_l)
     return MicroBatch(
@@ -560,9 +627,10 @@ def _build_unpadded(
         target_m_N=torch.zeros_like(target_l_N),
         target_l_N=target_l_N,
         source_N=torch.cat(source),
-        rows=tuple(rows),
+        rows=tuple(b for run, _ in runs for b in run),
         prefix_ids_P=batch.input_ids_B_T[rows[0], :prefix] if prefix else None,
         piece_lengths=tuple(pieces),
+        piece_stems=tuple(stems) if any(s >= 0 for s in stems) else None,
     )
 
 
