@@ -8,6 +8,9 @@ Three layouts, all exact (a test checks each against one-row-at-a-time logprobs)
   on real tokens only, and attention alone lays the pieces out as padded rows
   (`relayrl.train.attention.Unpadded`), so padding costs only attention's share of the work.
   `plan_unpadded` cuts rows in token order where prefix + tokens + a pass's overhead is least.
+  Within a micro-batch, rows that share more tokens after the prefix (a GRPO group's question)
+  run them once as a stem piece, and their own pieces continue it (`plan_stems`); the budget
+  is planned without stems, so a micro-batch with them forwards fewer tokens than planned.
 - `pad`: rows of similar length, sorted longest first, stacked and right-padded.
   With right padding a causal model never lets a real token see a pad, so no attention mask is
   needed and attention runs on the fast causal kernel.
