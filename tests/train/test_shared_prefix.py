@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from relayrl.train import packing
 from relayrl.train.actor import Actor
 from relayrl.train.advantages import compute_advantages
 from relayrl.train.checkpoint import copy_tokenizer_files
@@ -197,7 +198,20 @@ def test_each_group_s_question_runs_once_as_a_stem_that_its_rows_continue() -> N
     assert short.piece_stems is None
 
 
-def test_a_row_joins_a_stem_only_while_the_run_saves_more_tokens() -> None:
+def test_the_budget_counts_stems_so_whole_groups_fit_one_pass(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = agent_batch(vocab=1000, groups=2, per_group=3, question_len=LONG_QUESTION)
+    needed = (batch.loss_mask_B_T.cumsum(1).argmax(1) + 1).tolist()
+    stem = LONG_QUESTION - 1
+    with_stems = SYSTEM + sum(needed) - 6 * SYSTEM - 2 * 2 * stem
+    (mb,) = micro_batches(batch, with_stems, "unpad", share_prefix=True)
+    assert mb.num_tokens == with_stems and mb.piece_stems is not None
+    # Planned as if every row ran its question, the six rows would need two passes.
+    monkeypatch.setattr(packing, "MIN_STEM", 1 << 30)
+    assert len(micro_batches(batch, with_stems, "unpad", share_prefix=True)) == 2
+
+
+def test_rows_share_stems_where_the_most_tokens_are_saved() -> None:
     base = torch.arange(200)
 
     def row(shared: int, tag: int) -> torch.Tensor:
@@ -208,10 +222,15 @@ def test_a_row_joins_a_stem_only_while_the_run_saves_more_tokens() -> None:
     rows = [row(30, 0), row(30, 1), row(30, 2), torch.cat([base[:10 + MIN_STEM - 1],
                                                           torch.full((40,), 7)])]
     assert plan_stems(rows, first, 10) == [([3], 0), ([0, 1, 2], 30)]  # in token order
-    # A row that would halve a pair's stem: 2 x 15 saved against 1 x 30, it joins (no loss);
-    # one that would cut a run of three's 30 to 12 (3 x 12 < 2 x 30) starts a run of its own.
-    assert plan_stems([row(30, 0), row(30, 1), row(15, 2)], first, 10) == [([0, 1, 2], 15)]
+    # A row sharing 12 with a run of three that share 30 runs alone (2 x 30 saved, not 3 x 12),
+    # whether it sorts after them or before.
     assert plan_stems([*rows[:3], row(12, 3)], first, 10) == [([0, 1, 2], 30), ([3], 0)]
+    before = torch.cat([base[:22], torch.zeros(30, dtype=torch.long)])
+    assert plan_stems([*rows[:3], before], first, 10) == [([3], 0), ([0, 1, 2], 30)]
+    # Two pairs that share 15 tokens: each pair's own stem (30 + 25 saved) beats one stem of
+    # 15 for all four (3 x 15).
+    pair = [torch.cat([base[:25], torch.full((10,), 500), torch.full((20,), k)]) for k in (1, 2)]
+    assert plan_stems([row(30, 0), row(30, 1), *pair], first, 10) == [([0, 1], 30), ([2, 3], 25)]
     # A stem stops before the position that scores a row's first trained token.
     assert plan_stems(rows[:2], [25, 60], 10) == [([0, 1], 14)]
     assert plan_stems(rows[:2], [10 + MIN_STEM, 60], 10) == [([0], 0), ([1], 0)]

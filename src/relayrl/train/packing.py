@@ -10,7 +10,7 @@ Three layouts, all exact (a test checks each against one-row-at-a-time logprobs)
   `plan_unpadded` cuts rows in token order where prefix + tokens + a pass's overhead is least.
   Within a micro-batch, rows that share more tokens after the prefix (a GRPO group's question)
   run them once as a stem piece, and their own pieces continue it (`plan_stems`); the budget
-  is planned without stems, so a micro-batch with them forwards fewer tokens than planned.
+  counts them.
 - `pad`: rows of similar length, sorted longest first, stacked and right-padded.
   With right padding a causal model never lets a real token see a pad, so no attention mask is
   needed and attention runs on the fast causal kernel.
@@ -434,10 +434,12 @@ def plan_by_length(
 
 
 def plan_unpadded(
-    rows: Sequence[torch.Tensor], first: Sequence[int], max_tokens: int, bucket: int
+    rows: Sequence[torch.Tensor], first: Sequence[int], max_tokens: int, bucket: int,
+    stems: bool = False,
 ) -> list[tuple[list[int], int]]:
     """Rows cut into unpadded micro-batches (their common prefix once, then each row's own
-    tokens end to end) of least cost: `(rows, prefix)`, as `plan_shared_prefix` gives.
+    tokens end to end, after its stem with `stems`) of least cost: `(rows, prefix)`, as
+    `plan_shared_prefix` gives.
 
     Rows in token order, so that a run of rows has the common prefix of its first and last;
     an exact split of that order (dynamic programming over where micro-batches start) weighs a
@@ -445,18 +447,30 @@ def plan_unpadded(
     """
     n = len(rows)
     order = sorted(range(n), key=lambda i: rows[i].tolist())
+    # In token order, rows i < j share what the least-sharing neighbours between them share.
+    common = [common_prefix_len(rows[a], rows[b]) for a, b in itertools.pairwise(order)]
+    limits = [first[i] - 1 for i in order]
 
     best = [0] + [-1] * n  # best[j]: least cost of the first j rows in `order`
     cut: list[tuple[int, int]] = [(0, 0)] * (n + 1)
     for j in range(1, n + 1):
-        last = order[j - 1]
-        limit, total = first[last] - 1, 0
+        limit, total, shared = limits[j - 1], 0, 1 << 62
+        tally = _Stems(0)
         for i in range(j - 1, -1, -1):
-            row = order[i]
-            limit = min(limit, first[row] - 1)
-            total += len(rows[row])
-            prefix = _worth(min(common_prefix_len(rows[row], rows[last]), limit)) if i < j - 1 else 0
-            tokens = prefix + bucketed(total - (j - i) * prefix, bucket)
+            limit = min(limit, limits[i])
+            total += len(rows[order[i]])
+            if i < j - 1:
+                shared = min(shared, common[i])
+            prefix = _worth(min(shared, limit)) if i < j - 1 else 0
+            # Stems (each group's question once) are counted: a micro-batch of whole groups
+            # then fits a budget that their rows, each running its question, would not.
+            if stems:
+                if prefix != tally.prefix:  # stems count from the prefix: tally them again
+                    tally = _Stems(prefix)
+                    for k in range(j - 1, i, -1):
+                        tally.add_left(limits[k], common[k] if k < j - 1 else 0)
+                tally.add_left(limits[i], common[i] if i < j - 1 else 0)
+            tokens = prefix + bucketed(total - (j - i) * prefix - tally.saved, bucket)
             if tokens > max_tokens and i < j - 1:
                 break  # a longer run only costs more
             cost = best[i] + tokens + PASS_TOKENS
@@ -491,7 +505,8 @@ def micro_batches(
         return [_build_unpadded(batch, mask_B_T, sorted((live[i] for i in rows),
                                                         key=lambda b: -needed[b]),
                                 prefix, needed, bucket, stems_from)
-                for rows, prefix in plan_unpadded(ids, first, max_tokens, bucket)]
+                for rows, prefix in plan_unpadded(ids, first, max_tokens, bucket,
+                                                  stems=share_prefix)]
     if packing == "pad":
         planned = [bucketed(needed[b], bucket) for b in live]
     else:
@@ -544,35 +559,78 @@ def _build_padded(
     )
 
 
+class _Stems:
+    """Rows in token order, added from the last to the first, cut into the runs that share a
+    stem and save the most tokens.
+
+    A run of rows saves (rows - 1) x its stem: the tokens they all share after the `prefix`,
+    stopping at each row's `limit` (the position whose output scores its first trained token),
+    if that is at least `MIN_STEM`. In token order the rows between two rows share at least what
+    those two share, so runs are contiguous, and the best cut of the rows right of each row is
+    kept (dynamic programming, each run no longer than its stem allows). Built from the right so
+    that `plan_unpadded`, which grows a micro-batch to the left, adds one row at a time.
+    """
+
+    def __init__(self, prefix: int) -> None:
+        self.prefix = prefix
+        self.limits: list[int] = []  # from the right: row 0 is the last row
+        self.commons: list[int] = []  # row r's tokens in common with row r - 1 (on its right)
+        self.best = [0]  # best[q]: tokens saved by the best cut of the q last rows
+        self.choice: list[tuple[int, int]] = [(0, 0)]  # best[q]'s first run: (rows, stem)
+
+    def add_left(self, limit: int, common: int) -> None:
+        """One more row on the left: its limit and what it shares with the row on its right
+        (ignored for the first row)."""
+        r = len(self.limits)
+        self.limits.append(limit)
+        self.commons.append(common)
+        value, choice = self.best[r], (1, 0)  # the row alone
+        stem, shared = limit - self.prefix, 1 << 62
+        for n in range(2, r + 2):  # the run of rows r .. r - n + 1; bounded by the rows
+            shared = min(shared, self.commons[r - n + 2])
+            stem = min(stem, self.limits[r - n + 1] - self.prefix, shared - self.prefix)
+            if stem < MIN_STEM:
+                break  # a longer run shares no more
+            if (n - 1) * stem + self.best[r + 1 - n] > value:
+                value, choice = (n - 1) * stem + self.best[r + 1 - n], (n, stem)
+        self.best.append(value)
+        self.choice.append(choice)
+
+    @property
+    def saved(self) -> int:
+        """Tokens the best cut does not forward."""
+        return self.best[-1]
+
+    def runs(self) -> list[tuple[int, int]]:
+        """`(rows, stem)` of the best cut's runs, left to right (stem 0: a row alone)."""
+        out, q = [], len(self.limits)
+        while q > 0:  # bounded: each run takes at least one row
+            out.append(self.choice[q])
+            q -= self.choice[q][0]
+        return out
+
+
 def plan_stems(
     rows: Sequence[torch.Tensor], first: Sequence[int], prefix: int
 ) -> list[tuple[list[int], int]]:
     """An unpadded micro-batch's rows as runs that share a stem: `(rows, stem)`, where the stem is
     how many tokens after the `prefix` the run's rows all start with (0: each row runs its own).
 
-    `rows[i]` are row i's ids and `first[i]` its first trained position; like the prefix, a stem
-    stops at `first - 1`, whose output scores the first trained token. Rows in token order, so a
-    GRPO group's episodes (one question) are neighbours; a row joins the run while the tokens the
-    run saves (rows - 1 times the stem) do not fall and the stem stays at least `MIN_STEM`.
+    `rows[i]` are row i's ids (all starting with the same `prefix` tokens) and `first[i]` its
+    first trained position; like the prefix, a stem stops at `first - 1`, whose output scores
+    the first trained token. Rows in token order, so a GRPO group's episodes (one question) are
+    neighbours (`_Stems` cuts them where the most tokens are saved).
     """
     order = sorted(range(len(rows)), key=lambda i: rows[i][prefix:].tolist())
-    runs: list[tuple[list[int], int]] = []
-    members: list[int] = []
-    stem = 0
-    for i in order:
-        allowed = first[i] - 1 - prefix
-        if members:
-            joint = min(stem, allowed,
-                        common_prefix_len(rows[members[0]][prefix:], rows[i][prefix:]))
-            if joint >= MIN_STEM and len(members) * joint >= (len(members) - 1) * stem:
-                members.append(i)
-                stem = joint
-                continue
-            runs.append((members, stem if len(members) > 1 else 0))
-        members, stem = [i], allowed
-    if members:
-        runs.append((members, stem if len(members) > 1 else 0))
-    return runs
+    tally = _Stems(prefix)
+    for k in range(len(order) - 1, -1, -1):  # bounded by the rows
+        tally.add_left(first[order[k]] - 1, common_prefix_len(rows[order[k]], rows[order[k + 1]])
+                       if k + 1 < len(order) else 0)
+    out, start = [], 0
+    for n, stem in tally.runs():
+        out.append((order[start:start + n], stem))
+        start += n
+    return out
 
 
 def _build_unpadded(
