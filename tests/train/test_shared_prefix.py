@@ -280,8 +280,9 @@ def test_shared_prefix_logprobs_gradients_and_step_equal_the_full_rows(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("question", [QUESTION, LONG_QUESTION], ids=["prefix", "stems"])
 def test_compiled_layers_with_shared_prefixes_share_graphs_and_give_the_eager_gradients(
-    tmp_path: Path, model_dir: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, model_dir: str, monkeypatch: pytest.MonkeyPatch, question: int
 ) -> None:
     # Dynamo's graphs and guards are under test, not inductor's kernels (test_bf16_copy covers
     # those), so the layers compile with aot_eager.
@@ -292,12 +293,17 @@ def test_compiled_layers_with_shared_prefixes_share_graphs_and_give_the_eager_gr
     LlamaForCausalLM(LlamaConfig(vocab_size=1000, tie_word_embeddings=True,
                                  **{**TINY, "num_hidden_layers": 10})).save_pretrained(tmp_path)
     copy_tokenizer_files(model_dir, tmp_path)
-    cfg = TrainConfig(micro_batch_tokens=140, bf16=False, length_bucket=1)
-    batch = agent_batch(vocab=1000, seed=3)
+    # With stems, a budget for both groups in one pass (one group a pass runs its question in
+    # the prefix).
+    cfg = TrainConfig(micro_batch_tokens=140 if question == QUESTION else 400, bf16=False,
+                      length_bucket=1)
+    batch = agent_batch(vocab=1000, seed=3, question_len=question)
     results = []
     for compile in (False, True):
         actor = Actor(str(tmp_path), TrainConfig(**{**cfg.__dict__, "compile": compile}))
         assert all(mb.prefix_len > 0 for mb in actor.micro_batches(batch))
+        assert any(mb.piece_stems is not None for mb in actor.micro_batches(batch)) == (
+            question == LONG_QUESTION)
         torch._dynamo.reset()
         # The layers share their graphs (a few per code object: one row or many, grad or not).
         # The prefix cache's layer index used to key them apart, a graph per layer, and past
