@@ -13,29 +13,35 @@ from relayrl.train.config import TrainConfig
 from relayrl.train.packing import TrainBatch
 
 from .test_actor import step_gradients
-from .test_shared_prefix import agent_batch
+from .test_shared_prefix import LONG_QUESTION, QUESTION, agent_batch
 
 NO_CLIP = dict(lr=1e-2, grad_clip=0.0, bf16=False)
 
 
-def rl_batch(actor: Actor) -> tuple[TrainBatch, torch.Tensor]:
+def rl_batch(actor: Actor, question_len: int = QUESTION) -> tuple[TrainBatch, torch.Tensor]:
     """Agent-shaped rows (one system prompt, two questions) scored by the actor itself."""
-    batch = agent_batch(actor.model.config.vocab_size)
+    batch = agent_batch(actor.model.config.vocab_size, question_len=question_len)
     batch = TrainBatch(**{**batch.__dict__, "behav_logprobs_B_T": actor.compute_logprobs(batch)})
     adv = torch.tensor([1.0, -0.5, 2.0, -1.0, 0.5, -2.0])
     return batch, broadcast_to_tokens(adv, batch.loss_mask_B_T)
 
 
-@pytest.mark.parametrize(("packing", "share_prefix"),
-                         [("unpad", True), ("pad", True), ("pad", False), ("unpad", False)])
+@pytest.mark.parametrize(("packing", "share_prefix", "question"),
+                         [("unpad", True, QUESTION), ("pad", True, QUESTION),
+                          ("pad", False, QUESTION), ("unpad", False, QUESTION),
+                          ("unpad", True, LONG_QUESTION)],
+                         ids=["unpad", "pad", "pad-unshared", "unpad-unshared", "unpad-stems"])
 def test_the_step_is_the_one_without_checkpointing(tiny_llama_dir: str, packing: str,
-                                                   share_prefix: bool) -> None:
+                                                   share_prefix: bool, question: int) -> None:
     cfg = dict(packing=packing, share_prefix=share_prefix, **NO_CLIP)
     plain = Actor(tiny_llama_dir, TrainConfig(**cfg))
     ours = Actor(tiny_llama_dir, TrainConfig(gradient_checkpointing=True, **cfg))
-    batch, adv = rl_batch(plain)
+    batch, adv = rl_batch(plain, question)
     if share_prefix:
         assert all(mb.prefix_len > 0 for mb in plain.micro_batches(batch))
+    # a re-run layer gathers its stem's keys again
+    assert any(mb.piece_stems is not None for mb in plain.micro_batches(batch)) == (
+        question == LONG_QUESTION)
     theirs, their_grads = step_gradients(plain, batch, adv)
     mine, my_grads = step_gradients(ours, batch, adv)
     assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-6)
