@@ -26,7 +26,7 @@ from relayrl.train.config import TrainConfig
 from relayrl.train.packing import TrainBatch
 from relayrl.types import GenerateOutput, GenerateRequest, SamplingParams
 from train.test_real_step import one_group
-from train.test_shared_prefix import agent_batch
+from train.test_shared_prefix import LONG_QUESTION, QUESTION, agent_batch
 
 DEVICE = os.environ.get("RELAYRL_TEST_DEVICE", "cuda")
 pytestmark = [
@@ -206,22 +206,27 @@ def test_an_update_on_the_device_agrees_with_the_cpu_fp32_update(model_dir: str)
         assert next(actor.model.parameters()).device.type == torch.device(DEVICE).type
 
 
-@pytest.mark.parametrize("packing,share", [("unpad", True), ("unpad", False), ("pad", True)])
+@pytest.mark.parametrize("packing,share,question", [
+    ("unpad", True, QUESTION), ("unpad", False, QUESTION), ("pad", True, QUESTION),
+    ("unpad", True, LONG_QUESTION)], ids=["unpad", "unpad-unshared", "pad", "unpad-stems"])
 def test_unpadded_and_shared_prefix_micro_batches_on_the_device_take_the_cpu_step(
-    model_dir: str, packing: str, share: bool,
+    model_dir: str, packing: str, share: bool, question: int,
 ) -> None:
     # Agent rows (one system prompt, a question per group) with replayed rows in their
     # micro-batches: on the device, unpadded pieces lay out as rows inside SDPA, whose CUDA
     # kernels take no mask with grouped heads (train/attention.py); the reference is the CPU's
-    # plain padded rows, every token of every row run.
-    cfg = TrainConfig(lr=1e-5, bf16=False, micro_batch_tokens=140, length_bucket=1,
-                      sft_replay_coef=0.5)
+    # plain padded rows, every token of every row run. With long questions, each group's runs
+    # once as a stem (a per-row mask) when the budget holds both groups.
+    cfg = TrainConfig(lr=1e-5, bf16=False, micro_batch_tokens=140 if question == QUESTION else 400,
+                      length_bucket=1, sft_replay_coef=0.5)
     cpu = Actor(model_dir, replace(cfg, packing="pad", share_prefix=False), device="cpu")
     dev = Actor(model_dir, replace(cfg, packing=packing, share_prefix=share), device=DEVICE)
-    rows = agent_batch(cpu.model.config.vocab_size, groups=3, seed=4)
+    rows = agent_batch(cpu.model.config.vocab_size, groups=3, seed=4, question_len=question)
     batch, replay = rows.select(range(6)), rows.select([6, 7, 8])
     batch = TrainBatch(**{**batch.__dict__, "behav_logprobs_B_T": cpu.compute_logprobs(batch)})
     assert all((mb.prefix_len > 0) == share for mb in dev.micro_batches(batch.extended(replay)))
+    assert any(mb.piece_stems is not None for mb in dev.micro_batches(batch.extended(replay))
+               ) == (question == LONG_QUESTION)
     assert all(mb.piece_lengths is None for mb in cpu.micro_batches(batch))
     mask = batch.loss_mask_B_T
     assert (dev.compute_logprobs(batch).cpu()[mask] - cpu.compute_logprobs(batch)[mask]
