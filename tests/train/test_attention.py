@@ -40,69 +40,40 @@ def test_sdpa_resolves_to_relayrl_s_function_and_others_stay():
     assert attention.resolve("eager") == "eager"
 
 
-PREFIX, PIECES = 4, [5, 2, 7, 1]
+PREFIX = 4
+# Without stems: four pieces. With: piece 0 is a stem that pieces 1 and 2 continue, piece 3
+# stands alone, piece 4 is a shorter stem that piece 5 continues.
+LAYOUTS = {"pieces": ([5, 2, 7, 1], None), "stems": ([4, 5, 2, 3, 2, 3], [-1, 0, 0, -1, -1, 4])}
 
 
+@pytest.mark.parametrize("case", list(LAYOUTS))
 @pytest.mark.parametrize("prefix", [0, PREFIX])
 @pytest.mark.parametrize("grouped_mask", [True, False], ids=["cpu-kernel", "heads-repeated"])
-def test_unpadded_pieces_attend_as_their_own_rows_after_the_prefix(prefix, grouped_mask,
-                                                                     monkeypatch):
+def test_unpadded_pieces_attend_as_their_own_rows_after_the_prefix_and_their_stem(
+        prefix, grouped_mask, case, monkeypatch):
     # heads-repeated: the path taken where SDPA takes no mask with grouped heads (CUDA)
     monkeypatch.setattr(attention, "_masks_grouped_heads", lambda device: grouped_mask)
+    pieces, stems = LAYOUTS[case]
     g = torch.Generator().manual_seed(1)
-    s = sum(PIECES)
+    s = sum(pieces)
     q = torch.randn(1, 6, s, 8, generator=g, requires_grad=True)
     k = torch.randn(1, 2, prefix + s, 8, generator=g, requires_grad=True)
     v = torch.randn(1, 2, prefix + s, 8, generator=g, requires_grad=True)
-    layout = attention.Unpadded.of(PIECES, prefix, torch.device("cpu"))
+    layout = attention.Unpadded.of(pieces, prefix, torch.device("cpu"), stems)
+    if stems:
+        assert layout.stem == 4 and layout.mask.shape == (6, 1, 5, prefix + 4 + 5)
     out, _ = attention.sdpa_gqa(_Layer(), q, k, v, None, scaling=8 ** -0.5,
                                 **{attention.UNPADDED: layout})
     assert out.shape == (1, s, 6, 8)
-    # Each piece on its own: the prefix's keys and its own, causal after the prefix.
-    want, start = [], 0
-    for n in PIECES:
-        keys = torch.cat([k[:, :, :prefix], k[:, :, prefix + start:prefix + start + n]], 2)
-        values = torch.cat([v[:, :, :prefix], v[:, :, prefix + start:prefix + start + n]], 2)
-        mask = torch.ones(n, prefix + n, dtype=torch.bool).tril(prefix)
-        want.append(torch.nn.functional.scaled_dot_product_attention(
-            q[:, :, start:start + n], keys.repeat_interleave(3, 1), values.repeat_interleave(3, 1),
-            attn_mask=mask, scale=8 ** -0.5).transpose(1, 2))
-        start += n
-    want_out = torch.cat(want, 1)
-    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5)
-    weights = torch.randn(out.shape, generator=g)
-    grads = [torch.autograd.grad((o * weights).sum(), (q, k, v)) for o in (out, want_out)]
-    for mine, theirs in zip(*grads, strict=True):
-        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
-
-
-# Piece 0 is a stem that pieces 1 and 2 continue; piece 3 stands alone; piece 4 is a shorter
-# stem that piece 5 continues.
-STEM_PIECES, STEMS = [4, 5, 2, 3, 2, 3], [-1, 0, 0, -1, -1, 4]
-
-
-@pytest.mark.parametrize("prefix", [0, PREFIX])
-@pytest.mark.parametrize("grouped_mask", [True, False], ids=["cpu-kernel", "heads-repeated"])
-def test_pieces_that_continue_a_stem_attend_to_it_between_the_prefix_and_themselves(
-        prefix, grouped_mask, monkeypatch):
-    monkeypatch.setattr(attention, "_masks_grouped_heads", lambda device: grouped_mask)
-    g = torch.Generator().manual_seed(2)
-    s = sum(STEM_PIECES)
-    q = torch.randn(1, 6, s, 8, generator=g, requires_grad=True)
-    k = torch.randn(1, 2, prefix + s, 8, generator=g, requires_grad=True)
-    v = torch.randn(1, 2, prefix + s, 8, generator=g, requires_grad=True)
-    layout = attention.Unpadded.of(STEM_PIECES, prefix, torch.device("cpu"), STEMS)
-    assert layout.stem == 4 and layout.mask.shape == (6, 1, 5, prefix + 4 + 5)
-    out, _ = attention.sdpa_gqa(_Layer(), q, k, v, None, scaling=8 ** -0.5,
-                                **{attention.UNPADDED: layout})
     # Each piece on its own: the prefix's keys, its stem's, then its own, causal.
     starts = [0]
-    for n in STEM_PIECES:
+    for n in pieces:
         starts.append(starts[-1] + n)
     want = []
-    for i, n in enumerate(STEM_PIECES):
-        spans = [(0, prefix)] + ([(prefix + starts[STEMS[i]], prefix + starts[STEMS[i] + 1])]
-                                 if STEMS[i] >= 0 else []) + [(prefix + starts[i], prefix + starts[i] + n)]
+    for i, n in enumerate(pieces):
+        stem = stems[i] if stems else -1
+        spans = [(0, prefix), *([(prefix + starts[stem], prefix + starts[stem + 1])]
+                                if stem >= 0 else []), (prefix + starts[i], prefix + starts[i] + n)]
         keys = torch.cat([k[:, :, a:b] for a, b in spans], 2)
         values = torch.cat([v[:, :, a:b] for a, b in spans], 2)
         seen = keys.shape[2] - n
@@ -112,7 +83,7 @@ def test_pieces_that_continue_a_stem_attend_to_it_between_the_prefix_and_themsel
             values.repeat_interleave(3, 1), attn_mask=mask, scale=8 ** -0.5).transpose(1, 2))
     want_out = torch.cat(want, 1)
     torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5)
-    # The stems' keys get the gradient of every piece that continues them.
+    # A stem's keys get the gradient of every piece that continues it.
     weights = torch.randn(out.shape, generator=g)
     grads = [torch.autograd.grad((o * weights).sum(), (q, k, v)) for o in (out, want_out)]
     for mine, theirs in zip(*grads, strict=True):
