@@ -8,7 +8,9 @@ Arms, each an actor on the default model with the default `TrainConfig` but for 
 group's question run once as a stem), `unpad, no stems` (the same with every row running its
 question itself, as before stems), `pad`
 (the default before it: rows padded to the micro-batch's bucketed length) and `issue 14`
-(the update as issue 14 found it: bench_train's `ISSUE_14` arm). Each updates bench_train's 16
+(the update as issue 14 found it: bench_train's `ISSUE_14` arm); on a CPU with bf16 units,
+`unpad, bf16 attention` (the default with its attention in bf16, as before
+`attention.UPCAST_ON_CPU`). Each updates bench_train's 16
 agent-shaped rows (a 313-token system prompt, a question per group of 8, a tool call, its result
 and an answer); `--random` adds `pad` and `unpad` arms on its 16 random rows of 394-472 tokens
 (no common prefix). A warm-up round, then `--rounds` rounds, the arms' order reversed every
@@ -33,7 +35,7 @@ from tqdm import tqdm
 
 from relayrl.heap import keep_freed_heap
 from relayrl.models import DEFAULT_MODEL, model_path
-from relayrl.train import packing
+from relayrl.train import attention, packing
 from relayrl.train.actor import Actor
 from relayrl.train.config import TrainConfig
 
@@ -48,6 +50,19 @@ def without_stems(update: Callable[[], dict[str, float]]) -> Callable[[], dict[s
             return update()
         finally:
             packing.MIN_STEM = saved
+
+    return run
+
+
+def without_upcast(update: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
+    """`update` with its attention in bf16, as before `attention.UPCAST_ON_CPU`."""
+
+    def run() -> dict[str, float]:
+        attention.UPCAST_ON_CPU = False
+        try:
+            return update()
+        finally:
+            attention.UPCAST_ON_CPU = True
 
     return run
 
@@ -77,6 +92,8 @@ def main() -> None:
         "pad": update_fn(pad, agents, pad_cfg),
         ISSUE_14: former_kernels(path, filed_cfg, unfused_adamw=True)(agents),
     }
+    if unpad.bf16:
+        arms["unpad, bf16 attention"] = without_upcast(update_fn(unpad, agents, unpad_cfg))
     tokens = dict.fromkeys(arms, int(agents.lengths_B.sum()))
     if args.random:
         rows = synthetic_batch(16, vocab)

@@ -88,3 +88,41 @@ def test_unpadded_pieces_attend_as_their_own_rows_after_the_prefix_and_their_ste
     grads = [torch.autograd.grad((o * weights).sum(), (q, k, v)) for o in (out, want_out)]
     for mine, theirs in zip(*grads, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("unpadded", [False, True], ids=["rows", "unpadded"])
+def test_differentiated_bf16_attention_runs_in_fp32_on_cpu_and_scoring_stays_bf16(
+        unpadded, monkeypatch):
+    # bf16 flash backward on CPU queues for the one glibc arena a training process keeps
+    sdpa, seen = torch.nn.functional.scaled_dot_product_attention, []
+
+    def recording(query: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        seen.append(query.dtype)
+        return sdpa(query, *args, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
+    g = torch.Generator().manual_seed(2)
+    pieces, stems = LAYOUTS["stems"]
+    s = sum(pieces) if unpadded else 5
+    q = torch.randn(1, 6, s, 8, generator=g).bfloat16().requires_grad_()
+    k = torch.randn(1, 2, PREFIX + s, 8, generator=g).bfloat16().requires_grad_()
+    v = torch.randn(1, 2, PREFIX + s, 8, generator=g).bfloat16().requires_grad_()
+    mask = None if unpadded else torch.ones(s, PREFIX + s, dtype=torch.bool).tril(PREFIX)[None, None]
+    extra = {attention.UNPADDED: attention.Unpadded.of(pieces, PREFIX, torch.device("cpu"), stems)
+             } if unpadded else {}
+
+    def run(*tensors: torch.Tensor) -> torch.Tensor:
+        return attention.sdpa_gqa(_Layer(), *tensors, mask, scaling=8 ** -0.5, **extra)[0]
+
+    out = run(q, k, v)
+    assert out.dtype == torch.bfloat16
+    with torch.no_grad():
+        in_fp32 = run(q.float(), k.float(), v.float())
+        scored = run(q, k, v)
+    torch.testing.assert_close(out, in_fp32.bfloat16(), rtol=0, atol=0)
+    # without grad (the engine, scoring) the kernel runs in the model's dtype
+    assert seen == [torch.float32, torch.float32, torch.bfloat16]
+    assert scored.dtype == torch.bfloat16
+    torch.testing.assert_close(scored.float(), in_fp32, rtol=0.02, atol=0.02)
+    out.float().square().sum().backward()
+    assert all(t.grad is not None and t.grad.dtype == torch.bfloat16 for t in (q, k, v))

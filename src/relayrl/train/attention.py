@@ -16,6 +16,16 @@ pays for padding. SDPA has no variable-length form on CPU; a packed row attended
 block-diagonal mask would attend every token to every piece (transformers' `pack`, measured 2-5x
 slower), and a call per piece costs ~1,000 small calls an update, so the pieces are copied into
 padded rows for the one SDPA call and their outputs gathered back.
+
+Attention that autograd will differentiate runs in fp32 on CPU, also in a bf16 model
+(`UPCAST_ON_CPU`). torch's CPU flash backward does its bf16 products through a GEMM that
+allocates on every call, from inside its parallel loop; a training process keeps one glibc
+arena (`relayrl.heap.keep_freed_heap`), so the threads queue for its lock: the unpadded rows'
+backward took 85-90 ms a layer instead of 49 with the default arenas, and 41-45 ms in fp32,
+which allocates nothing there (AVX512-BF16 EPYC, 2 threads, the main job's shapes). Upcasting
+costs a copy of q, k and v and fp32 saved tensors (about 0.5 GB more at the peak of a 4096-token
+micro-batch of the default model); forward-only attention (the engine, scoring without grad)
+stays in its own dtype.
 """
 
 from __future__ import annotations
@@ -33,6 +43,10 @@ GQA_SDPA = "relayrl_sdpa_gqa"
 
 UNPADDED = "relayrl_unpadded"
 """The decoder keyword that hands `sdpa_gqa` an `Unpadded` layout (transformers passes it on)."""
+
+UPCAST_ON_CPU = True
+"""Differentiated bf16/fp16 attention on CPU runs in fp32 (see the module docstring); a switch
+for benchmarks/bench_unpad.py's A/B arm."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +129,9 @@ def unpadded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
                        layout: Unpadded, scaling: float | None) -> torch.Tensor:
     """Attention of an unpadded micro-batch's queries `[1, Hq, S, D]` over its keys and
     values `[1, Hk, prefix + S, D]`, as `[1, S, Hq, D]`."""
+    dtype = query.dtype
+    if _upcast(query, key, value):
+        query, key, value = query.float(), key.float(), value.float()
     q = _as_rows(query, layout)
     k, v = _keys(key, layout), _keys(value, layout)
     grouped = _grouped(q, k)
@@ -125,7 +142,7 @@ def unpadded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask, scale=scaling,
                                          is_causal=layout.mask is None, enable_gqa=grouped)
     hq, d = out.shape[1], out.shape[3]
-    return out.transpose(1, 2).reshape(-1, hq, d).index_select(0, layout.index_S)[None]
+    return out.transpose(1, 2).reshape(-1, hq, d).index_select(0, layout.index_S)[None].to(dtype)
 
 
 def sdpa_gqa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -150,10 +167,22 @@ def sdpa_gqa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     is_causal = bool(q_length > 1 and attention_mask is None and is_causal)
     if is_causal and key.shape[2] > q_length:  # as transformers does: a prefill into an empty static cache
         key, value = key[:, :, :q_length], value[:, :, :q_length]
+    dtype = query.dtype
+    if _upcast(query, key, value):
+        query, key, value = query.float(), key.float(), value.float()
+        if attention_mask is not None and attention_mask.is_floating_point():
+            attention_mask = attention_mask.float()
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                          dropout_p=dropout, scale=scaling, is_causal=is_causal,
                                          enable_gqa=_grouped(query, key))
-    return out.transpose(1, 2).contiguous(), None
+    return out.transpose(1, 2).contiguous().to(dtype), None
+
+
+def _upcast(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether this attention runs in fp32: reduced precision, on CPU, differentiated."""
+    return (UPCAST_ON_CPU and query.device.type == "cpu"
+            and query.dtype in (torch.bfloat16, torch.float16) and torch.is_grad_enabled()
+            and (query.requires_grad or key.requires_grad or value.requires_grad))
 
 
 def _masks_grouped_heads(device: torch.device) -> bool:
