@@ -17,15 +17,15 @@ block-diagonal mask would attend every token to every piece (transformers' `pack
 slower), and a call per piece costs ~1,000 small calls an update, so the pieces are copied into
 padded rows for the one SDPA call and their outputs gathered back.
 
-Attention that autograd will differentiate runs in fp32 on CPU, also in a bf16 model
-(`UPCAST_ON_CPU`). torch's CPU flash backward does its bf16 products through a GEMM that
-allocates on every call, from inside its parallel loop; a training process keeps one glibc
-arena (`relayrl.heap.keep_freed_heap`), so the threads queue for its lock: the unpadded rows'
-backward took 85-90 ms a layer instead of 49 with the default arenas, and 41-45 ms in fp32,
-which allocates nothing there (AVX512-BF16 EPYC, 2 threads, the main job's shapes). Upcasting
-costs a copy of q, k and v and fp32 saved tensors (about 0.5 GB more at the peak of a 4096-token
-micro-batch of the default model); forward-only attention (the engine, scoring without grad)
-stays in its own dtype.
+On CPU the actor's attention runs in fp32, also in a bf16 model (`UPCAST_ON_CPU`). torch's CPU
+flash backward does its bf16 products through a GEMM that allocates on every call, from inside
+its parallel loop; a training process keeps one glibc arena (`relayrl.heap.keep_freed_heap`),
+so the threads queue for its lock: the unpadded rows' backward took 85-90 ms a layer instead of
+49 with the default arenas, and 41-45 ms in fp32, which allocates nothing there (AVX512-BF16
+EPYC, 2 threads, the main job's shapes). Upcasting costs a copy of q, k and v and fp32 saved
+tensors (about 0.5 GB more at the peak of a 4096-token micro-batch of the default model).
+Scoring without grad upcasts too, so that a reference or proximal policy scored apart gives
+the update's own numbers for the same weights; the engine has attention of its own.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ UNPADDED = "relayrl_unpadded"
 """The decoder keyword that hands `sdpa_gqa` an `Unpadded` layout (transformers passes it on)."""
 
 UPCAST_ON_CPU = True
-"""Differentiated bf16/fp16 attention on CPU runs in fp32 (see the module docstring); a switch
-for benchmarks/bench_unpad.py's A/B arm."""
+"""bf16/fp16 attention on CPU runs in fp32 (see the module docstring); a switch for
+benchmarks/bench_unpad.py's A/B arm."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def unpadded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     """Attention of an unpadded micro-batch's queries `[1, Hq, S, D]` over its keys and
     values `[1, Hk, prefix + S, D]`, as `[1, S, Hq, D]`."""
     dtype = query.dtype
-    if _upcast(query, key, value):
+    if _upcast(query):
         query, key, value = query.float(), key.float(), value.float()
     q = _as_rows(query, layout)
     k, v = _keys(key, layout), _keys(value, layout)
@@ -168,7 +168,7 @@ def sdpa_gqa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     if is_causal and key.shape[2] > q_length:  # as transformers does: a prefill into an empty static cache
         key, value = key[:, :, :q_length], value[:, :, :q_length]
     dtype = query.dtype
-    if _upcast(query, key, value):
+    if _upcast(query):
         query, key, value = query.float(), key.float(), value.float()
         if attention_mask is not None and attention_mask.is_floating_point():
             attention_mask = attention_mask.float()
@@ -178,11 +178,10 @@ def sdpa_gqa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     return out.transpose(1, 2).contiguous().to(dtype), None
 
 
-def _upcast(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-    """Whether this attention runs in fp32: reduced precision, on CPU, differentiated."""
+def _upcast(query: torch.Tensor) -> bool:
+    """Whether this attention runs in fp32: reduced precision, on CPU."""
     return (UPCAST_ON_CPU and query.device.type == "cpu"
-            and query.dtype in (torch.bfloat16, torch.float16) and torch.is_grad_enabled()
-            and (query.requires_grad or key.requires_grad or value.requires_grad))
+            and query.dtype in (torch.bfloat16, torch.float16))
 
 
 def _masks_grouped_heads(device: torch.device) -> bool:
