@@ -5,8 +5,10 @@ Run by hand:  RELAYRL_HOME=/tmp/rr python benchmarks/bench_unpad.py [--rounds 5]
 
 Arms, each an actor on the default model with the default `TrainConfig` but for what is named:
 `unpad` (the default: a micro-batch's rows end to end, padded only inside attention, each
-group's question run once as a stem), `unpad, no stems` (the same with every row running its
-question itself, as before stems), `pad`
+group's question run once as a stem, its pieces in two length buckets where that saves
+attention work), `unpad, no stems` (the same with every row running its question itself, as
+before stems), `unpad, one layout` (every piece padded to the longest, as before
+`attention.buckets`), `pad`
 (the default before it: rows padded to the micro-batch's bucketed length) and `issue 14`
 (the update as issue 14 found it: bench_train's `ISSUE_14` arm); on a CPU with bf16 units,
 `unpad, bf16 attention` (the default with its attention in bf16, as before
@@ -54,6 +56,21 @@ def without_stems(update: Callable[[], dict[str, float]]) -> Callable[[], dict[s
     return run
 
 
+def one_layout(update: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
+    """`update` with every piece of a micro-batch padded to its longest, as before
+    `attention.buckets`."""
+
+    def run() -> dict[str, float]:
+        saved = attention.BUCKET_MIN_SAVING
+        attention.BUCKET_MIN_SAVING = 2.0  # no split saves that much
+        try:
+            return update()
+        finally:
+            attention.BUCKET_MIN_SAVING = saved
+
+    return run
+
+
 def without_upcast(update: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
     """`update` with its attention in bf16, as before `attention.UPCAST_ON_CPU`."""
 
@@ -89,6 +106,7 @@ def main() -> None:
     arms: dict[str, Callable[[], dict[str, float]]] = {
         "unpad": update_fn(unpad, agents, unpad_cfg),
         "unpad, no stems": without_stems(update_fn(unpad, agents, unpad_cfg)),
+        "unpad, one layout": one_layout(update_fn(unpad, agents, unpad_cfg)),
         "pad": update_fn(pad, agents, pad_cfg),
         ISSUE_14: former_kernels(path, filed_cfg, unfused_adamw=True)(agents),
     }

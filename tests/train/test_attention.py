@@ -46,11 +46,12 @@ PREFIX = 4
 LAYOUTS = {"pieces": ([5, 2, 7, 1], None), "stems": ([4, 5, 2, 3, 2, 3], [-1, 0, 0, -1, -1, 4])}
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-layout", "two-buckets"])
 @pytest.mark.parametrize("case", list(LAYOUTS))
 @pytest.mark.parametrize("prefix", [0, PREFIX])
 @pytest.mark.parametrize("grouped_mask", [True, False], ids=["cpu-kernel", "heads-repeated"])
 def test_unpadded_pieces_attend_as_their_own_rows_after_the_prefix_and_their_stem(
-        prefix, grouped_mask, case, monkeypatch):
+        prefix, grouped_mask, case, split, monkeypatch):
     # heads-repeated: the path taken where SDPA takes no mask with grouped heads (CUDA)
     monkeypatch.setattr(attention, "_masks_grouped_heads", lambda device: grouped_mask)
     pieces, stems = LAYOUTS[case]
@@ -59,8 +60,13 @@ def test_unpadded_pieces_attend_as_their_own_rows_after_the_prefix_and_their_ste
     q = torch.randn(1, 6, s, 8, generator=g, requires_grad=True)
     k = torch.randn(1, 2, prefix + s, 8, generator=g, requires_grad=True)
     v = torch.randn(1, 2, prefix + s, 8, generator=g, requires_grad=True)
-    layout = attention.Unpadded.of(pieces, prefix, torch.device("cpu"), stems)
-    if stems:
+    if split:  # by length, whatever it saves: a stem and its continuations may part
+        layout = attention.buckets(pieces, prefix, torch.device("cpu"), stems, min_saving=0.0)
+        assert isinstance(layout, tuple) and sorted(
+            torch.cat([part.take_S for part in layout]).tolist()) == list(range(s))
+    else:
+        layout = attention.Unpadded.of(pieces, prefix, torch.device("cpu"), stems)
+    if stems and not split:
         assert layout.stem == 4 and layout.mask.shape == (6, 1, 5, prefix + 4 + 5)
     out, _ = attention.sdpa_gqa(_Layer(), q, k, v, None, scaling=8 ** -0.5,
                                 **{attention.UNPADDED: layout})
@@ -127,3 +133,14 @@ def test_bf16_attention_runs_in_fp32_on_cpu_with_grad_or_without(unpadded, monke
     with torch.no_grad():
         run(q, k, v)
     assert seen[-1] == torch.bfloat16
+
+
+def test_buckets_split_by_length_only_where_it_saves_padded_work():
+    cpu = torch.device("cpu")
+    # one long piece among short ones: padding every piece to it would triple the work
+    short, long_ = attention.buckets([3, 2, 30, 3], 4, cpu)
+    assert (short.rows, short.longest, long_.rows, long_.longest) == (3, 3, 1, 30)
+    assert short.take_S.tolist() == [0, 1, 2, 3, 4, 35, 36, 37] and long_.take_S.tolist() == list(range(5, 35))
+    # pieces of one length: nothing to save
+    assert isinstance(attention.buckets([5, 5, 5, 5], 4, cpu), attention.Unpadded)
+    assert isinstance(attention.buckets([7], 4, cpu), attention.Unpadded)

@@ -312,7 +312,7 @@ class Actor:
         ids_M_L = mb.input_ids_M_L.to(self.device)
         positions_M_L = mb.position_ids_M_L.to(self.device)
         # An unpadded micro-batch is one row of pieces; attention lays them out as rows.
-        unpadded = {} if mb.piece_lengths is None else {attention.UNPADDED: attention.Unpadded.of(
+        unpadded = {} if mb.piece_lengths is None else {attention.UNPADDED: attention.buckets(
             mb.piece_lengths, mb.prefix_len, self.device, mb.piece_stems)}
         if mb.prefix_ids_P is None:
             return decoder(input_ids=ids_M_L, position_ids=positions_M_L, use_cache=False,

@@ -44,6 +44,10 @@ GQA_SDPA = "relayrl_sdpa_gqa"
 UNPADDED = "relayrl_unpadded"
 """The decoder keyword that hands `sdpa_gqa` an `Unpadded` layout (transformers passes it on)."""
 
+BUCKET_MIN_SAVING = 0.1
+"""`buckets` splits a micro-batch's pieces in two where that saves this share of the padded
+attention work; a switch for benchmarks/bench_unpad.py's A/B arm (above 1: never)."""
+
 UPCAST_ON_CPU = True
 """bf16/fp16 attention on CPU runs in fp32 (see the module docstring); a switch for
 benchmarks/bench_unpad.py's A/B arm."""
@@ -73,22 +77,31 @@ class Unpadded:
     stem_index: torch.Tensor | None = None
     """`[rows * stem]`: position among the pieces' tokens of each row's stem keys (0 where the
     row's stem is shorter, masked)."""
+    take_S: torch.Tensor | None = None
+    """Position among the micro-batch's piece tokens of each token this layout lays out, when it
+    holds some of the pieces only (one length bucket, `buckets`); None: all, in order."""
 
     @classmethod
     def of(cls, pieces: Sequence[int], prefix: int, device: torch.device,
-           stems: Sequence[int] | None = None) -> Unpadded:
+           stems: Sequence[int] | None = None, only: Sequence[int] | None = None) -> Unpadded:
         """The layout of pieces this long after a `prefix`-token common prefix; `stems[i]` is
-        the index of the piece that piece i continues, or -1."""
+        the index of the piece that piece i continues, or -1; `only`: lay out just these pieces
+        (by index), the others' tokens left to another layout."""
+        starts = [0, *itertools.accumulate(pieces)]
+        take_S = None
+        if only is not None:
+            take_S = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in only]).to(device)
+            stems = [stems[i] for i in only] if stems else None
+            pieces = [pieces[i] for i in only]
         longest = max(pieces)
         index_S = torch.cat([torch.arange(n) + i * longest for i, n in enumerate(pieces)])
-        stem_len = [pieces[s] if s >= 0 else 0 for s in stems] if stems else []
+        stem_len = [starts[s + 1] - starts[s] if s >= 0 else 0 for s in stems] if stems else []
         width = max(stem_len, default=0)
         if not width:
             mask = (torch.ones(longest, prefix + longest, dtype=torch.bool, device=device)
                     .tril(prefix) if prefix else None)
-            return cls(index_S.to(device), len(pieces), longest, prefix, mask)
+            return cls(index_S.to(device), len(pieces), longest, prefix, mask, take_S=take_S)
         assert stems is not None
-        starts = [0, *itertools.accumulate(pieces)]
         stem_index = torch.tensor([starts[s] + j if j < n else 0 for s, n in zip(stems, stem_len,
                                                                                 strict=True)
                                    for j in range(width)], dtype=torch.long)
@@ -99,7 +112,29 @@ class Unpadded:
                           torch.ones(longest, longest, dtype=torch.bool).tril()
                           .expand(rows, longest, longest)], 2)[:, None]
         return cls(index_S.to(device), rows, longest, prefix, mask.to(device), width,
-                   stem_index.to(device))
+                   stem_index.to(device), take_S)
+
+
+def buckets(pieces: Sequence[int], prefix: int, device: torch.device,
+            stems: Sequence[int] | None = None, min_saving: float | None = None
+            ) -> Unpadded | tuple[Unpadded, Unpadded]:
+    """The pieces as one layout, or as two by length (the short pieces padded only to the
+    shorter bucket's longest) where that saves at least `min_saving` (default
+    `BUCKET_MIN_SAVING`) of the padded work."""
+    min_saving = BUCKET_MIN_SAVING if min_saving is None else min_saving
+    stem_len = [pieces[s] if s >= 0 else 0 for s in stems] if stems else [0] * len(pieces)
+    order = sorted(range(len(pieces)), key=lambda i: pieces[i])
+
+    def work(part: Sequence[int]) -> int:
+        longest = max(pieces[i] for i in part)
+        return len(part) * longest * (prefix + max(stem_len[i] for i in part) + longest)
+    if len(pieces) < 2:
+        return Unpadded.of(pieces, prefix, device, stems)
+    cost, cut = min((work(order[:c]) + work(order[c:]), c) for c in range(1, len(order)))
+    if cost > (1 - min_saving) * work(order):
+        return Unpadded.of(pieces, prefix, device, stems)
+    return (Unpadded.of(pieces, prefix, device, stems, sorted(order[:cut])),
+            Unpadded.of(pieces, prefix, device, stems, sorted(order[cut:])))
 
 
 def _as_rows(x_1_H_S_D: torch.Tensor, layout: Unpadded) -> torch.Tensor:
@@ -109,6 +144,11 @@ def _as_rows(x_1_H_S_D: torch.Tensor, layout: Unpadded) -> torch.Tensor:
     rows_R_H_D = flat_S_H_D.new_zeros(layout.rows * layout.longest, h, d)
     return (rows_R_H_D.index_copy(0, layout.index_S, flat_S_H_D)
             .view(layout.rows, layout.longest, h, d).transpose(1, 2))
+
+
+def _taken(x_1_H_S_D: torch.Tensor, layout: Unpadded) -> torch.Tensor:
+    """The tokens of the layout's pieces among all pieces' tokens `[1, H, S, D]`."""
+    return x_1_H_S_D if layout.take_S is None else x_1_H_S_D.index_select(2, layout.take_S)
 
 
 def _keys(x_1_H_S_D: torch.Tensor, layout: Unpadded) -> torch.Tensor:
@@ -121,18 +161,23 @@ def _keys(x_1_H_S_D: torch.Tensor, layout: Unpadded) -> torch.Tensor:
         flat_S_H_D = x_1_H_S_D[0, :, p:].transpose(0, 1)
         parts.append(flat_S_H_D.index_select(0, layout.stem_index)
                      .view(rows, layout.stem, h, d).transpose(1, 2))
-    own = _as_rows(x_1_H_S_D[:, :, p:], layout)
+    own = _as_rows(_taken(x_1_H_S_D[:, :, p:], layout), layout)
     return torch.cat([*parts, own], 2) if parts else own
 
 
 def unpadded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       layout: Unpadded, scaling: float | None) -> torch.Tensor:
+                       layout: Unpadded | tuple[Unpadded, ...], scaling: float | None
+                       ) -> torch.Tensor:
     """Attention of an unpadded micro-batch's queries `[1, Hq, S, D]` over its keys and
-    values `[1, Hk, prefix + S, D]`, as `[1, S, Hq, D]`."""
+    values `[1, Hk, prefix + S, D]`, as `[1, S, Hq, D]`; one SDPA call per layout (bucket)."""
+    if isinstance(layout, tuple):
+        outs = [unpadded_attention(query, key, value, part, scaling) for part in layout]
+        taken_S = torch.cat([part.take_S for part in layout if part.take_S is not None])
+        return torch.cat(outs, 1).index_select(1, torch.argsort(taken_S))
     dtype = query.dtype
     if _upcast(query):
         query, key, value = query.float(), key.float(), value.float()
-    q = _as_rows(query, layout)
+    q = _as_rows(_taken(query, layout), layout)
     k, v = _keys(key, layout), _keys(value, layout)
     grouped = _grouped(q, k)
     if grouped and not _masks_grouped_heads(q.device):
