@@ -15,7 +15,10 @@ real tokens of a micro-batch's rows end to end, and only attention, a sixth of a
 pays for padding. SDPA has no variable-length form on CPU; a packed row attended through one
 block-diagonal mask would attend every token to every piece (transformers' `pack`, measured 2-5x
 slower), and a call per piece costs ~1,000 small calls an update, so the pieces are copied into
-padded rows for the one SDPA call and their outputs gathered back.
+padded rows for the one SDPA call and their outputs gathered back. Where a micro-batch's
+pieces differ much in length (an agent's one-call and two-call episodes) they go in two
+calls instead, each padded to its own bucket's longest (`buckets`): on the main job's piece
+lengths one layer's attention took 1.3-1.6x less time (benchmarks/bench_buckets.py).
 
 On CPU the actor's attention runs in fp32, also in a bf16 model (`UPCAST_ON_CPU`). torch's CPU
 flash backward does its bf16 products through a GEMM that allocates on every call, from inside
