@@ -114,8 +114,8 @@ def test_bf16_attention_runs_in_fp32_on_cpu_with_grad_or_without(unpadded, monke
     k = torch.randn(1, 2, PREFIX + s, 8, generator=g).bfloat16().requires_grad_()
     v = torch.randn(1, 2, PREFIX + s, 8, generator=g).bfloat16().requires_grad_()
     mask = None if unpadded else torch.ones(s, PREFIX + s, dtype=torch.bool).tril(PREFIX)[None, None]
-    extra = {attention.UNPADDED: attention.Unpadded.of(pieces, PREFIX, torch.device("cpu"), stems)
-             } if unpadded else {}
+    extra = {attention.UNPADDED: attention.buckets(pieces, PREFIX, torch.device("cpu"), stems,
+                                                   min_saving=0.0)} if unpadded else {}
 
     def run(*tensors: torch.Tensor) -> torch.Tensor:
         return attention.sdpa_gqa(_Layer(), *tensors, mask, scaling=8 ** -0.5, **extra)[0]
@@ -124,7 +124,8 @@ def test_bf16_attention_runs_in_fp32_on_cpu_with_grad_or_without(unpadded, monke
     with torch.no_grad():
         scored = run(q, k, v)
         in_fp32 = run(q.float(), k.float(), v.float())
-    assert seen == [torch.float32] * 3 and out.dtype == scored.dtype == torch.bfloat16
+    calls = 6 if unpadded else 3  # unpadded: two length buckets, an SDPA call each
+    assert seen == [torch.float32] * calls and out.dtype == scored.dtype == torch.bfloat16
     torch.testing.assert_close(out, in_fp32.bfloat16(), rtol=0, atol=0)
     torch.testing.assert_close(scored, out, rtol=0, atol=0)
     out.float().square().sum().backward()

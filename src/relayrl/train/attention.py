@@ -173,13 +173,13 @@ def unpadded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
                        ) -> torch.Tensor:
     """Attention of an unpadded micro-batch's queries `[1, Hq, S, D]` over its keys and
     values `[1, Hk, prefix + S, D]`, as `[1, S, Hq, D]`; one SDPA call per layout (bucket)."""
-    if isinstance(layout, tuple):
-        outs = [unpadded_attention(query, key, value, part, scaling) for part in layout]
-        taken_S = torch.cat([part.take_S for part in layout if part.take_S is not None])
-        return torch.cat(outs, 1).index_select(1, torch.argsort(taken_S))
     dtype = query.dtype
     if _upcast(query):
         query, key, value = query.float(), key.float(), value.float()
+    if isinstance(layout, tuple):  # the buckets' tokens back in the pieces' order
+        outs = [unpadded_attention(query, key, value, part, scaling) for part in layout]
+        taken_S = torch.cat([part.take_S for part in layout if part.take_S is not None])
+        return torch.cat(outs, 1).index_select(1, torch.argsort(taken_S)).to(dtype)
     q = _as_rows(_taken(query, layout), layout)
     k, v = _keys(key, layout), _keys(value, layout)
     grouped = _grouped(q, k)
