@@ -4,23 +4,22 @@ Run by hand:  RELAYRL_HOME=/tmp/rr python benchmarks/bench_unpad.py [--rounds 5]
               [--model DIR] [--threads 2]
 
 Arms, each an actor on the default model with the default `TrainConfig` but for what is named:
-`unpad` (the default: a micro-batch's rows end to end, padded only inside attention, each
-group's question run once as a stem, its pieces in two length buckets where that saves
-attention work), `unpad, no stems` (the same with every row running its question itself, as
-before stems), `unpad, one layout` (every piece padded to the longest, as before
-`attention.buckets`), `pad`
-(the default before it: rows padded to the micro-batch's bucketed length) and `issue 14`
-(the update as issue 14 found it: bench_train's `ISSUE_14` arm); on a CPU with bf16 units,
-`unpad, bf16 attention` (the default with its attention in bf16, as before
-`attention.UPCAST_ON_CPU`). Each updates bench_train's 16
-agent-shaped rows (a 313-token system prompt, a question per group of 8, a tool call, its result
-and an answer); `--random` adds `pad` and `unpad` arms on its 16 random rows of 394-472 tokens
-(no common prefix). A warm-up round, then `--rounds` rounds, the arms' order reversed every
-other round so that the machine's load falls on all. Printed: forward tokens per arm, every
-round's seconds, the per-round ratios against `unpad` and their medians, and the load average
-before and after. The process keeps its freed heap (`keep_freed_heap`, as the launchers set it
-for a run; every arm runs under it). Speed only: tests/train/test_shared_prefix.py and
-test_packing.py check that unpadded logprobs, gradients and steps equal padded ones.
+`unpad` (the default: a micro-batch's rows end to end, padded only inside attention, each group's
+question run once as a stem, its pieces in two length buckets where that saves attention work, its
+attention as bf16 products on a CPU with bf16 units), `unpad, no stems` (the same with every row
+running its question itself, as before stems), `unpad, one layout` (every piece padded to the
+longest, as before `attention.buckets`), `pad` (the default before it: rows padded to the micro-batch's
+bucketed length) and `issue 14` (the update as issue 14 found it: bench_train's `ISSUE_14` arm); on a CPU with bf16 units, `unpad, fp32 flash attention` (torch's SDPA in fp32, as before
+`attention.MATMUL_ON_CPU`) and `unpad, bf16 flash attention` (SDPA in bf16, as before
+`attention.UPCAST_ON_CPU`). Each updates bench_train's 16 agent-shaped rows (a 313-token system
+prompt, a question per group of 8, a tool call, its result and an answer); `--random` adds `pad`
+and `unpad` arms on its 16 random rows of 394-472 tokens (no common prefix). A warm-up round, then
+`--rounds` rounds, the arms' order reversed every other round so that the machine's load falls on
+all. Printed: forward tokens per arm, every round's seconds, the per-round ratios against `unpad`
+and their medians, and the load average before and after. The process keeps its freed heap
+(`keep_freed_heap`, as the launchers set it for a run; every arm runs under it). Speed only:
+tests/train/test_shared_prefix.py and test_packing.py check that unpadded logprobs, gradients and
+steps equal padded ones.
 """
 
 from __future__ import annotations
@@ -56,30 +55,19 @@ def without_stems(update: Callable[[], dict[str, float]]) -> Callable[[], dict[s
     return run
 
 
-def one_layout(update: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
-    """`update` with every piece of a micro-batch padded to its longest, as before
-    `attention.buckets`."""
+def patched(update: Callable[[], dict[str, float]], **switches: object
+            ) -> Callable[[], dict[str, float]]:
+    """`update` with `relayrl.train.attention`'s module switches set to these values."""
 
     def run() -> dict[str, float]:
-        saved = attention.BUCKET_MIN_SAVING
-        attention.BUCKET_MIN_SAVING = 2.0  # no split saves that much
+        saved = {name: getattr(attention, name) for name in switches}
+        for name, value in switches.items():
+            setattr(attention, name, value)
         try:
             return update()
         finally:
-            attention.BUCKET_MIN_SAVING = saved
-
-    return run
-
-
-def without_upcast(update: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
-    """`update` with its attention in bf16, as before `attention.UPCAST_ON_CPU`."""
-
-    def run() -> dict[str, float]:
-        attention.UPCAST_ON_CPU = False
-        try:
-            return update()
-        finally:
-            attention.UPCAST_ON_CPU = True
+            for name, value in saved.items():
+                setattr(attention, name, value)
 
     return run
 
@@ -106,12 +94,16 @@ def main() -> None:
     arms: dict[str, Callable[[], dict[str, float]]] = {
         "unpad": update_fn(unpad, agents, unpad_cfg),
         "unpad, no stems": without_stems(update_fn(unpad, agents, unpad_cfg)),
-        "unpad, one layout": one_layout(update_fn(unpad, agents, unpad_cfg)),
+        # no split saves that much
+        "unpad, one layout": patched(update_fn(unpad, agents, unpad_cfg), BUCKET_MIN_SAVING=2.0),
         "pad": update_fn(pad, agents, pad_cfg),
         ISSUE_14: former_kernels(path, filed_cfg, unfused_adamw=True)(agents),
     }
     if unpad.bf16:
-        arms["unpad, bf16 attention"] = without_upcast(update_fn(unpad, agents, unpad_cfg))
+        arms["unpad, fp32 flash attention"] = patched(update_fn(unpad, agents, unpad_cfg),
+                                                      MATMUL_ON_CPU=False)
+        arms["unpad, bf16 flash attention"] = patched(update_fn(unpad, agents, unpad_cfg),
+                                                      MATMUL_ON_CPU=False, UPCAST_ON_CPU=False)
     tokens = dict.fromkeys(arms, int(agents.lengths_B.sum()))
     if args.random:
         rows = synthetic_batch(16, vocab)

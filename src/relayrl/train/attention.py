@@ -20,19 +20,25 @@ pieces differ much in length (an agent's one-call and two-call episodes) they go
 calls instead, each padded to its own bucket's longest (`buckets`): on the main job's piece
 lengths one layer's attention took 1.3-1.6x less time (benchmarks/bench_buckets.py).
 
-On CPU the actor's attention runs in fp32, also in a bf16 model (`UPCAST_ON_CPU`). torch's CPU
-flash backward does its bf16 products through a GEMM that allocates on every call, from inside
-its parallel loop; a training process keeps one glibc arena (`relayrl.heap.keep_freed_heap`),
-so the threads queue for its lock: the unpadded rows' backward took 85-90 ms a layer instead of
-49 with the default arenas, and 41-45 ms in fp32, which allocates nothing there (AVX512-BF16
-EPYC, 2 threads, the main job's shapes). Upcasting costs a copy of q, k and v and fp32 saved
-tensors (about 0.5 GB more at the peak of a 4096-token micro-batch of the default model).
-Scoring without grad upcasts too, so that a reference or proximal policy scored apart gives
-the update's own numbers for the same weights; the engine has attention of its own.
+On CPU a bf16 actor's attention (unpadded pieces, a shared prefix's own pass) runs as explicit
+products (`_MatmulAttention`): the scores and their gradient in fp32, the products with the
+probabilities in bf16, on the bf16 units, with the probabilities kept for the backward. torch's
+CPU flash kernel runs bf16 no faster than fp32 (~150 GFLOP/s on an AVX512-BF16 core pair: it
+does not use the bf16 units), and its bf16 backward does its products through a GEMM that
+allocates on every call from inside its parallel loop, where a training process keeps one glibc
+arena (`relayrl.heap.keep_freed_heap`), so the threads queue for its lock (85-90 ms a layer
+against 41-45 in fp32 on the main job's shapes). The products took one layer's forward and
+backward from 63-73 ms (fp32 flash) to 37 ms. Where a call's
+probabilities would exceed `MATMUL_MAX_BYTES`, and for padded rows (whose padding queries may
+see no key), attention runs in fp32 through SDPA, which costs a copy of q, k and v and fp32 saved
+tensors. Scoring without grad takes the same path as the update, so that a reference or
+proximal policy scored apart gives the update's own numbers for the same weights; the engine
+has attention of its own.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,6 +60,16 @@ attention work; a switch for benchmarks/bench_unpad.py's A/B arm (above 1: never
 UPCAST_ON_CPU = True
 """bf16/fp16 attention on CPU runs in fp32 (see the module docstring); a switch for
 benchmarks/bench_unpad.py's A/B arm."""
+
+MATMUL_ON_CPU = True
+"""bf16 attention on CPU (unpadded pieces, a shared prefix's own pass) runs as bf16 products with
+fp32 scores and softmax (`_MatmulAttention`) instead of an fp32 SDPA call, where its
+probabilities fit `MATMUL_MAX_BYTES`; a switch for benchmarks/bench_unpad.py."""
+
+MATMUL_MAX_BYTES = 64 << 20
+"""The most bytes of bf16 probabilities one `_MatmulAttention` call keeps for its backward (one
+layer; the model's layers keep theirs together until the backward). Flash kernels keep none:
+longer calls (a long episode's piece of several thousand tokens) go to SDPA in fp32."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +99,13 @@ class Unpadded:
     take_S: torch.Tensor | None = None
     """Position among the micro-batch's piece tokens of each token this layout lays out, when it
     holds some of the pieces only (one length bucket, `buckets`); None: all, in order."""
+
+    @functools.cached_property
+    def bias(self) -> torch.Tensor:
+        """The mask as fp32 scores to add: 0 where a query sees a key, -inf elsewhere; `[longest,
+        keys]`, or `[rows, 1, longest, keys]` with stems (every query sees itself)."""
+        return _bias(self.mask if self.mask is not None else _causal(self.longest,
+                                                                      self.index_S.device))
 
     @classmethod
     def of(cls, pieces: Sequence[int], prefix: int, device: torch.device,
@@ -172,9 +195,9 @@ def unpadded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
                        layout: Unpadded | tuple[Unpadded, ...], scaling: float | None
                        ) -> torch.Tensor:
     """Attention of an unpadded micro-batch's queries `[1, Hq, S, D]` over its keys and
-    values `[1, Hk, prefix + S, D]`, as `[1, S, Hq, D]`; one SDPA call per layout (bucket)."""
+    values `[1, Hk, prefix + S, D]`, as `[1, S, Hq, D]`; one attention call per layout (bucket)."""
     dtype = query.dtype
-    if _upcast(query):
+    if _upcast(query) and not MATMUL_ON_CPU:  # once for every bucket
         query, key, value = query.float(), key.float(), value.float()
     if isinstance(layout, tuple):  # the buckets' tokens back in the pieces' order
         outs = [unpadded_attention(query, key, value, part, scaling) for part in layout]
@@ -182,6 +205,12 @@ def unpadded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
         return torch.cat(outs, 1).index_select(1, torch.argsort(taken_S)).to(dtype)
     q = _as_rows(_taken(query, layout), layout)
     k, v = _keys(key, layout), _keys(value, layout)
+    if _matmul(q, k.shape[2]):
+        out = _MatmulAttention.apply(q, k, v, layout.bias, scaling or q.shape[-1] ** -0.5)
+        return out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3]).index_select(
+            0, layout.index_S)[None]
+    if _upcast(q):
+        q, k, v = q.float(), k.float(), v.float()
     grouped = _grouped(q, k)
     if grouped and not _masks_grouped_heads(q.device):
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
@@ -215,6 +244,10 @@ def sdpa_gqa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     is_causal = bool(q_length > 1 and attention_mask is None and is_causal)
     if is_causal and key.shape[2] > q_length:  # as transformers does: a prefill into an empty static cache
         key, value = key[:, :, :q_length], value[:, :, :q_length]
+    if is_causal and not dropout and _matmul(query, q_length):  # a shared prefix's own pass
+        out = _MatmulAttention.apply(query, key, value, _bias(_causal(q_length, query.device)),
+                                     scaling or query.shape[-1] ** -0.5)
+        return out.transpose(1, 2).contiguous(), None
     dtype = query.dtype
     if _upcast(query):
         query, key, value = query.float(), key.float(), value.float()
@@ -230,6 +263,63 @@ def _upcast(query: torch.Tensor) -> bool:
     """Whether this attention runs in fp32: reduced precision, on CPU."""
     return (UPCAST_ON_CPU and query.device.type == "cpu"
             and query.dtype in (torch.bfloat16, torch.float16))
+
+
+def _matmul(query: torch.Tensor, keys: int) -> bool:
+    """Whether attention of `query` `[rows, heads, queries, D]` over `keys` keys runs as
+    `_MatmulAttention`: bf16, on CPU, its probabilities within `MATMUL_MAX_BYTES`."""
+    rows, heads, queries, _ = query.shape
+    return (MATMUL_ON_CPU and query.device.type == "cpu" and query.dtype == torch.bfloat16
+            and 2 * rows * heads * queries * keys <= MATMUL_MAX_BYTES)
+
+
+def _causal(length: int, device: torch.device) -> torch.Tensor:
+    """`[length, length]`: query i sees keys 0..i."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril()
+
+
+def _bias(sees: torch.Tensor) -> torch.Tensor:
+    """A boolean mask as fp32 scores to add: 0 where a query sees a key, -inf elsewhere."""
+    return torch.zeros(sees.shape, device=sees.device).masked_fill_(~sees, float("-inf"))
+
+
+class _MatmulAttention(torch.autograd.Function):
+    """Attention of `q` `[rows, Hq, L, D]` over `k`, `v` `[rows, Hk, keys, D]` (bf16) with the
+    additive fp32 `bias` (`Unpadded.bias`), as explicit products: the scores `q k^T` and `dP =
+    dO v^T` in fp32 (rounded to bf16, the scores cost 2-3x the output's error where they are
+    large), the products with the probabilities `P` and with `dS` in bf16, as GPU flash kernels
+    do them. The query heads of one key/value head are stacked along the queries, so grouped
+    heads need no copies. On the main job's shapes, forward and backward, ~2x torch's CPU flash
+    kernel in fp32, whose products do not use the bf16 units (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                bias: torch.Tensor, scale: float) -> torch.Tensor:
+        """The output `[rows, Hq, L, D]` in `q`'s dtype."""
+        rows, hq, length, d = q.shape
+        hk = k.shape[1]
+        q_R_Hk_GL_D = q.reshape(rows, hk, hq // hk * length, d)
+        scores = torch.matmul(q_R_Hk_GL_D.float() * scale, k.float().transpose(-1, -2))
+        scores.view(rows, hk, hq // hk, length, -1).add_(bias.view(-1, 1, 1, *bias.shape[-2:]))
+        p = torch.softmax(scores, -1).to(q.dtype)
+        out = torch.matmul(p, v)
+        ctx.save_for_backward(q_R_Hk_GL_D, k, v, p, out)
+        ctx.scale = scale
+        return out.view(rows, hq, length, d)
+
+    @staticmethod
+    def backward(ctx: Any, d_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """Gradients of q, k and v (none for the bias and scale)."""
+        q, k, v, p, out = ctx.saved_tensors
+        d_out_g = d_out.reshape(q.shape)
+        d_v = torch.matmul(p.transpose(-1, -2), d_out_g)
+        # dS = P * (dP - rowsum(dO * O)), in fp32 until the products with q and k
+        d_scores = torch.matmul(d_out_g.float(), v.float().transpose(-1, -2))
+        d_scores.sub_((d_out_g.float() * out.float()).sum(-1, keepdim=True)).mul_(p)
+        d_scores = d_scores.to(q.dtype)
+        d_q = torch.matmul(d_scores, k).mul_(ctx.scale)
+        d_k = torch.matmul(d_scores.transpose(-1, -2), q).mul_(ctx.scale)
+        return d_q.view(d_out.shape), d_k, d_v, None, None
 
 
 def _masks_grouped_heads(device: torch.device) -> bool:
