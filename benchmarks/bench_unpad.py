@@ -8,18 +8,20 @@ Arms, each an actor on the default model with the default `TrainConfig` but for 
 question run once as a stem, its pieces in two length buckets where that saves attention work, its
 attention as bf16 products on a CPU with bf16 units), `unpad, no stems` (the same with every row
 running its question itself, as before stems), `unpad, one layout` (every piece padded to the
-longest, as before `attention.buckets`), `pad` (the default before it: rows padded to the micro-batch's
-bucketed length) and `issue 14` (the update as issue 14 found it: bench_train's `ISSUE_14` arm); on a CPU with bf16 units, `unpad, fp32 flash attention` (torch's SDPA in fp32, as before
-`attention.MATMUL_ON_CPU`) and `unpad, bf16 flash attention` (SDPA in bf16, as before
-`attention.UPCAST_ON_CPU`). Each updates bench_train's 16 agent-shaped rows (a 313-token system
-prompt, a question per group of 8, a tool call, its result and an answer); `--random` adds `pad`
-and `unpad` arms on its 16 random rows of 394-472 tokens (no common prefix). A warm-up round, then
-`--rounds` rounds, the arms' order reversed every other round so that the machine's load falls on
-all. Printed: forward tokens per arm, every round's seconds, the per-round ratios against `unpad`
-and their medians, and the load average before and after. The process keeps its freed heap
-(`keep_freed_heap`, as the launchers set it for a run; every arm runs under it). Speed only:
-tests/train/test_shared_prefix.py and test_packing.py check that unpadded logprobs, gradients and
-steps equal padded ones.
+longest, as before `attention.buckets`), `pad` (the default before it: rows padded to the
+micro-batch's bucketed length) and `issue 14` (the update as issue 14 found it: bench_train's
+`ISSUE_14` arm); on a CPU with bf16 units, `unpad, no nt kernel` (the scores and the output head's
+logits as fp32 products of upcast copies, as before `engine/csrc/nt_product.c`), `unpad, fp32 flash
+attention` (torch's SDPA in fp32 as well, as before `attention.MATMUL_ON_CPU`) and `unpad, bf16
+flash attention` (SDPA in bf16, as before `attention.UPCAST_ON_CPU`). Each updates bench_train's 16
+agent-shaped rows (a 313-token system prompt, a question per group of 8, a tool call, its result
+and an answer); `--random` adds `pad` and `unpad` arms on its 16 random rows of 394-472 tokens (no
+common prefix). A warm-up round, then `--rounds` rounds, the arms' order reversed every other round
+so that the machine's load falls on all. Printed: forward tokens per arm, every round's seconds,
+the per-round ratios against `unpad` and their medians, and the load average before and after. The
+process keeps its freed heap (`keep_freed_heap`, as the launchers set it for a run; every arm runs
+under it). Speed only: tests/train/test_shared_prefix.py and test_packing.py check that unpadded
+logprobs, gradients and steps equal padded ones.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 from bench_train import ISSUE_14, agent_batch, former_kernels, machine, synthetic_batch, update_fn
 from tqdm import tqdm
 
+from relayrl.engine import cpu_kernels
 from relayrl.heap import keep_freed_heap
 from relayrl.models import DEFAULT_MODEL, model_path
 from relayrl.train import attention, packing
@@ -55,19 +58,25 @@ def without_stems(update: Callable[[], dict[str, float]]) -> Callable[[], dict[s
     return run
 
 
-def patched(update: Callable[[], dict[str, float]], **switches: object
-            ) -> Callable[[], dict[str, float]]:
-    """`update` with `relayrl.train.attention`'s module switches set to these values."""
+def patched(update: Callable[[], dict[str, float]], nt_kernel: bool = True,
+            **switches: object) -> Callable[[], dict[str, float]]:
+    """`update` with `relayrl.train.attention`'s module switches set to these values, and
+    without the bf16 -> fp32 product kernel (`nt_kernel=False`: fp32 products of upcast
+    copies, as before it)."""
 
     def run() -> dict[str, float]:
         saved = {name: getattr(attention, name) for name in switches}
+        kernel = cpu_kernels.nt_product_kernel()
         for name, value in switches.items():
             setattr(attention, name, value)
+        if not nt_kernel:
+            cpu_kernels._loaded["nt_product"] = None
         try:
             return update()
         finally:
             for name, value in saved.items():
                 setattr(attention, name, value)
+            cpu_kernels._loaded["nt_product"] = kernel
 
     return run
 
@@ -100,10 +109,12 @@ def main() -> None:
         ISSUE_14: former_kernels(path, filed_cfg, unfused_adamw=True)(agents),
     }
     if unpad.bf16:
+        arms["unpad, no nt kernel"] = patched(update_fn(unpad, agents, unpad_cfg), nt_kernel=False)
         arms["unpad, fp32 flash attention"] = patched(update_fn(unpad, agents, unpad_cfg),
-                                                      MATMUL_ON_CPU=False)
+                                                      nt_kernel=False, MATMUL_ON_CPU=False)
         arms["unpad, bf16 flash attention"] = patched(update_fn(unpad, agents, unpad_cfg),
-                                                      MATMUL_ON_CPU=False, UPCAST_ON_CPU=False)
+                                                      nt_kernel=False, MATMUL_ON_CPU=False,
+                                                      UPCAST_ON_CPU=False)
     tokens = dict.fromkeys(arms, int(agents.lengths_B.sum()))
     if args.random:
         rows = synthetic_batch(16, vocab)

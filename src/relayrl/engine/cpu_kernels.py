@@ -11,6 +11,10 @@
   in C. The products split their outputs over OpenMP threads (torch's own runtime).
   `decode_step_kernel(torch.float32)` (`csrc/decode_step_f32.c`) is the same step in fp32 for
   AVX2 + FMA, attention included: on CPUs without bf16 units the engine runs models in fp32.
+- `nt_product_kernel()` (`csrc/nt_product.c`), for the trainer: `a @ w.T` of bf16 operands with
+  an fp32 output. torch's CPU matmul rounds a bf16 product's output to bf16, and an fp32 one
+  needs fp32 inputs at a quarter of the bf16 rate; the output head's logits and attention's
+  scores must not be rounded.
 
 We build them the way torch's inductor builds its CPU code: the machine's C compiler with
 `-march=native`, once per source and CPU, cached under `$RELAYRL_HOME/kernels/`. Where there is
@@ -44,7 +48,7 @@ log = logging.getLogger(__name__)
 _CSRC = Path(__file__).parent / "csrc"
 _FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c11")
 _lock = threading.Lock()
-_loaded: dict[str, DecodeAttention | DecodeStep | None] = {}
+_loaded: dict[str, DecodeAttention | DecodeStep | NtProduct | None] = {}
 
 
 class DecodeAttention:
@@ -107,6 +111,58 @@ class DecodeAttention:
         if code != 0:
             raise RuntimeError(f"decode attention kernel refused these shapes (code {code})")
         return out
+
+
+class NtProduct:
+    """`scale * a @ w.T` in fp32 from bf16 `a` `[..., M, K]` and `w` `[..., N, K]` (see
+    csrc/nt_product.c)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        fn = library.relayrl_nt_product_bf16
+        fn.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p]
+                       + [ctypes.c_int64] * 2 + [ctypes.c_int, ctypes.c_void_p]
+                       + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
+        fn.restype = ctypes.c_int
+        self._fn = fn
+
+    @staticmethod
+    def supports(a: torch.Tensor, w: torch.Tensor) -> bool:
+        """Whether this kernel takes these operands: a bf16, w bf16 or fp32, on CPU, K even, the
+        same batch."""
+        return (a.dtype == torch.bfloat16 and w.dtype in (torch.bfloat16, torch.float32)
+                and a.device.type == w.device.type == "cpu"
+                and a.dim() >= 2 and a.shape[:-2] == w.shape[:-2]
+                and a.shape[-1] == w.shape[-1] and a.shape[-1] % 2 == 0 and a.shape[-1] > 0)
+
+    def __call__(self, a: torch.Tensor, w: torch.Tensor, scale: float = 1.0,
+                 threads: int | None = None) -> torch.Tensor:
+        """fp32 `[..., M, N]`: `scale * a @ w.transpose(-1, -2)`, sums kept in fp32; an fp32
+        `w` is taken as two bf16 terms (its bf16 and the rest: ~1e-5 of an fp32 product)."""
+        if not self.supports(a, w):
+            raise ValueError(f"cannot take {a.dtype} {list(a.shape)} @ {w.dtype} "
+                             f"{list(w.shape)}.T (a bf16, w bf16 or fp32, on CPU, K even, "
+                             "the same batch)")
+        *lead, m, k = a.shape
+        n = w.shape[-2]
+        batch = a.shape[:-2].numel()
+        if not (batch and m and n):
+            return torch.zeros(*lead, m, n)
+        a3 = a.reshape(batch, m, k)
+        w3 = w.reshape(batch, n, k)
+        if a3.stride(2) != 1:
+            a3 = a3.contiguous()
+        if w3.stride(2) != 1:
+            w3 = w3.contiguous()
+        threads = threads or torch.get_num_threads()
+        out = torch.empty(a3.shape[0], m, n, dtype=torch.float32)
+        terms = 1 if w.dtype == torch.bfloat16 else 2
+        pack = torch.empty(threads, 64 * k * terms, dtype=torch.bfloat16)
+        code = self._fn(a3.data_ptr(), a3.stride(0), a3.stride(1), w3.data_ptr(), w3.stride(0),
+                        w3.stride(1), terms, out.data_ptr(), out.stride(0), out.stride(1),
+                        a3.shape[0], m, n, k, scale, pack.data_ptr(), threads)
+        if code != 0:
+            raise RuntimeError(f"nt product kernel refused these shapes (code {code})")
+        return out.view(*lead, m, n)
 
 
 class _LayerWeights(ctypes.Structure):
@@ -320,3 +376,13 @@ def decode_step_kernel(dtype: torch.dtype = torch.bfloat16) -> DecodeStep | None
             library = _load(source, ("-fopenmp",))
             _loaded[source] = DecodeStep(library, dtype) if library else None
         return _loaded[source]  # type: ignore[return-value]
+
+
+def nt_product_kernel() -> NtProduct | None:
+    """The compiled bf16 -> fp32 product (`NtProduct`), or None where it cannot be built here
+    (no compiler or OpenMP, no AVX512-BF16)."""
+    with _lock:
+        if "nt_product" not in _loaded:
+            library = _load("nt_product", ("-fopenmp",))
+            _loaded["nt_product"] = NtProduct(library) if library else None
+        return _loaded["nt_product"]  # type: ignore[return-value]

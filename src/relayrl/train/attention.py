@@ -47,6 +47,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from relayrl.engine.cpu_kernels import nt_product_kernel
+
 GQA_SDPA = "relayrl_sdpa_gqa"
 """The name the attention function is registered under with transformers."""
 
@@ -283,6 +285,15 @@ def _bias(sees: torch.Tensor) -> torch.Tensor:
     return torch.zeros(sees.shape, device=sees.device).masked_fill_(~sees, float("-inf"))
 
 
+def _fp32_product(a: torch.Tensor, b: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """`scale * a @ b^T` in fp32 from bf16 operands: our kernel where it is built
+    (engine/csrc/nt_product.c, at the bf16 units' rate), else an fp32 product of upcast copies."""
+    kernel = nt_product_kernel()
+    if kernel is not None and kernel.supports(a, b):
+        return kernel(a, b, scale)
+    return torch.matmul(a.float() * scale, b.float().transpose(-1, -2))
+
+
 class _MatmulAttention(torch.autograd.Function):
     """Attention of `q` `[rows, Hq, L, D]` over `k`, `v` `[rows, Hk, keys, D]` (bf16) with the
     additive fp32 `bias` (`Unpadded.bias`), as explicit products: the scores `q k^T` and `dP =
@@ -299,7 +310,7 @@ class _MatmulAttention(torch.autograd.Function):
         rows, hq, length, d = q.shape
         hk = k.shape[1]
         q_R_Hk_GL_D = q.reshape(rows, hk, hq // hk * length, d)
-        scores = torch.matmul(q_R_Hk_GL_D.float() * scale, k.float().transpose(-1, -2))
+        scores = _fp32_product(q_R_Hk_GL_D, k, scale)
         scores.view(rows, hk, hq // hk, length, -1).add_(bias.view(-1, 1, 1, *bias.shape[-2:]))
         p = torch.softmax(scores, -1).to(q.dtype)
         out = torch.matmul(p, v)
@@ -314,7 +325,7 @@ class _MatmulAttention(torch.autograd.Function):
         d_out_g = d_out.reshape(q.shape)
         d_v = torch.matmul(p.transpose(-1, -2), d_out_g)
         # dS = P * (dP - rowsum(dO * O)), in fp32 until the products with q and k
-        d_scores = torch.matmul(d_out_g.float(), v.float().transpose(-1, -2))
+        d_scores = _fp32_product(d_out_g, v)
         d_scores.sub_((d_out_g.float() * out.float()).sum(-1, keepdim=True)).mul_(p)
         d_scores = d_scores.to(q.dtype)
         d_q = torch.matmul(d_scores, k).mul_(ctx.scale)
