@@ -10,18 +10,20 @@ attention as bf16 products on a CPU with bf16 units), `unpad, no stems` (the sam
 running its question itself, as before stems), `unpad, one layout` (every piece padded to the
 longest, as before `attention.buckets`), `pad` (the default before it: rows padded to the
 micro-batch's bucketed length) and `issue 14` (the update as issue 14 found it: bench_train's
-`ISSUE_14` arm); on a CPU with bf16 units, `unpad, no nt kernel` (the scores and the output head's
-logits as fp32 products of upcast copies, as before `engine/csrc/nt_product.c`), `unpad, fp32 flash
-attention` (torch's SDPA in fp32 as well, as before `attention.MATMUL_ON_CPU`) and `unpad, bf16
-flash attention` (SDPA in bf16, as before `attention.UPCAST_ON_CPU`). Each updates bench_train's 16
-agent-shaped rows (a 313-token system prompt, a question per group of 8, a tool call, its result
-and an answer); `--random` adds `pad` and `unpad` arms on its 16 random rows of 394-472 tokens (no
-common prefix). A warm-up round, then `--rounds` rounds, the arms' order reversed every other round
-so that the machine's load falls on all. Printed: forward tokens per arm, every round's seconds,
-the per-round ratios against `unpad` and their medians, and the load average before and after. The
-process keeps its freed heap (`keep_freed_heap`, as the launchers set it for a run; every arm runs
-under it). Speed only: tests/train/test_shared_prefix.py and test_packing.py check that unpadded
-logprobs, gradients and steps equal padded ones.
+`ISSUE_14` arm); on a CPU with bf16 units, `unpad, no train kernels` (the scores and the output
+head's logits as fp32 products of upcast copies and torch's softmax, as before
+`engine/csrc/train_kernels.c`), `unpad, fp32 flash attention` (torch's SDPA in fp32 as well, as
+before `attention.MATMUL_ON_CPU`) and `unpad, bf16 flash attention` (SDPA in bf16, as before
+`attention.UPCAST_ON_CPU`). Each updates bench_train's 16 agent-shaped rows (a 313-token system
+prompt, a question per group of 8, a tool call, its result and an answer); `--random` adds `pad`
+and `unpad` arms on its 16 random rows of 394-472 tokens (no common prefix). A warm-up round, then
+`--rounds` rounds, the arms' order reversed every other round so that the machine's load falls on
+all. Printed: forward tokens per arm, every round's seconds, the per-round ratios against `unpad`
+and their medians, each arm's model GFLOP/s as bench_train counts them and their share of the
+matmul peak (bench_train's, measured before and after the rounds: the better of the two), and the
+load average before and after. The process keeps its freed heap (`keep_freed_heap`, as the
+launchers set it for a run; every arm runs under it). Speed only: tests/train/test_shared_prefix.py
+and test_packing.py check that unpadded logprobs, gradients and steps equal padded ones.
 """
 
 from __future__ import annotations
@@ -33,7 +35,16 @@ import time
 from collections.abc import Callable
 
 import torch
-from bench_train import ISSUE_14, agent_batch, former_kernels, machine, synthetic_batch, update_fn
+from bench_train import (
+    ISSUE_14,
+    agent_batch,
+    former_kernels,
+    machine,
+    matmul_peak_gflops,
+    param_counts,
+    synthetic_batch,
+    update_fn,
+)
 from tqdm import tqdm
 
 from relayrl.engine import cpu_kernels
@@ -58,25 +69,25 @@ def without_stems(update: Callable[[], dict[str, float]]) -> Callable[[], dict[s
     return run
 
 
-def patched(update: Callable[[], dict[str, float]], nt_kernel: bool = True,
+def patched(update: Callable[[], dict[str, float]], train_kernels: bool = True,
             **switches: object) -> Callable[[], dict[str, float]]:
     """`update` with `relayrl.train.attention`'s module switches set to these values, and
-    without the bf16 -> fp32 product kernel (`nt_kernel=False`: fp32 products of upcast
+    without the bf16 -> fp32 product kernel (`train_kernels=False`: fp32 products of upcast
     copies, as before it)."""
 
     def run() -> dict[str, float]:
         saved = {name: getattr(attention, name) for name in switches}
-        kernel = cpu_kernels.nt_product_kernel()
+        kernel = cpu_kernels.train_kernels()
         for name, value in switches.items():
             setattr(attention, name, value)
-        if not nt_kernel:
-            cpu_kernels._loaded["nt_product"] = None
+        if not train_kernels:
+            cpu_kernels._loaded["train_kernels"] = None
         try:
             return update()
         finally:
             for name, value in saved.items():
                 setattr(attention, name, value)
-            cpu_kernels._loaded["nt_product"] = kernel
+            cpu_kernels._loaded["train_kernels"] = kernel
 
     return run
 
@@ -109,11 +120,11 @@ def main() -> None:
         ISSUE_14: former_kernels(path, filed_cfg, unfused_adamw=True)(agents),
     }
     if unpad.bf16:
-        arms["unpad, no nt kernel"] = patched(update_fn(unpad, agents, unpad_cfg), nt_kernel=False)
+        arms["unpad, no train kernels"] = patched(update_fn(unpad, agents, unpad_cfg), train_kernels=False)
         arms["unpad, fp32 flash attention"] = patched(update_fn(unpad, agents, unpad_cfg),
-                                                      nt_kernel=False, MATMUL_ON_CPU=False)
+                                                      train_kernels=False, MATMUL_ON_CPU=False)
         arms["unpad, bf16 flash attention"] = patched(update_fn(unpad, agents, unpad_cfg),
-                                                      nt_kernel=False, MATMUL_ON_CPU=False,
+                                                      train_kernels=False, MATMUL_ON_CPU=False,
                                                       UPCAST_ON_CPU=False)
     tokens = dict.fromkeys(arms, int(agents.lengths_B.sum()))
     if args.random:
@@ -123,6 +134,9 @@ def main() -> None:
         tokens.update(dict.fromkeys(list(arms)[-2:], int(rows.lengths_B.sum())))
     seconds: dict[str, list[float]] = {name: [] for name in arms}
     forward: dict[str, int] = {}
+    trained: dict[str, int] = {}
+    dtype = torch.bfloat16 if unpad.bf16 else torch.float32
+    peaks = [matmul_peak_gflops(dtype)]
     with tqdm(total=len(arms) * (args.rounds + 1), desc="bench_unpad", unit="update") as bar:
         for r in range(args.rounds + 1):  # bounded: a warm-up round, then --rounds
             order = list(arms) if r % 2 == 0 else list(arms)[::-1]
@@ -131,9 +145,12 @@ def main() -> None:
                 metrics = arms[name]()
                 elapsed = time.perf_counter() - start
                 forward[name] = int(metrics["forward_tokens"])
+                trained[name] = int(metrics["n_tokens"])
                 if r > 0:
                     seconds[name].append(elapsed)
                 bar.update(1)
+    peaks.append(matmul_peak_gflops(dtype))
+    body, head = param_counts(unpad.model)
     print(f"machine: {machine()}; bf16: {unpad.bf16}")
     print(f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}")
     names = list(arms)
@@ -145,10 +162,14 @@ def main() -> None:
         base = "random rows, unpad" if name.startswith("random") else "unpad"
         ratios = [a / b for a, b in zip(seconds[name], seconds[base], strict=True)]
         median = statistics.median(seconds[name])
+        gflops = (6.0 * body * forward[name] + 6.0 * head * trained[name]) / median / 1e9
         print(f"{name}: forward tokens {forward[name]}, median {median:.2f} s, "
-              f"{tokens[name] / median:.0f} tokens/s; "
+              f"{tokens[name] / median:.0f} tokens/s, {gflops:.0f} model GFLOP/s "
+              f"({gflops / max(peaks):.1%} of the matmul peak); "
               f"{name} / {base} per round {', '.join(f'{x:.3f}' for x in ratios)}, "
               f"median {statistics.median(ratios):.3f}")
+    print(f"{dtype} matmul peak (bench_train's 2048-cubed product) before and after the rounds: "
+          f"{peaks[0]:.0f}, {peaks[1]:.0f} GFLOP/s; model FLOPs as bench_train counts them")
 
 
 if __name__ == "__main__":

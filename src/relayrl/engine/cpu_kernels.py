@@ -11,10 +11,10 @@
   in C. The products split their outputs over OpenMP threads (torch's own runtime).
   `decode_step_kernel(torch.float32)` (`csrc/decode_step_f32.c`) is the same step in fp32 for
   AVX2 + FMA, attention included: on CPUs without bf16 units the engine runs models in fp32.
-- `nt_product_kernel()` (`csrc/nt_product.c`), for the trainer: `a @ w.T` of bf16 operands with
-  an fp32 output. torch's CPU matmul rounds a bf16 product's output to bf16, and an fp32 one
+- `train_kernels()` (`csrc/train_kernels.c`), for the trainer: `a @ w.T` of bf16 operands with
+  an fp32 output (torch's CPU matmul rounds a bf16 product's output to bf16, and an fp32 one
   needs fp32 inputs at a quarter of the bf16 rate; the output head's logits and attention's
-  scores must not be rounded.
+  scores must not be rounded), and attention's softmax and its backward, one pass a row.
 
 We build them the way torch's inductor builds its CPU code: the machine's C compiler with
 `-march=native`, once per source and CPU, cached under `$RELAYRL_HOME/kernels/`. Where there is
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 _CSRC = Path(__file__).parent / "csrc"
 _FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c11")
 _lock = threading.Lock()
-_loaded: dict[str, DecodeAttention | DecodeStep | NtProduct | None] = {}
+_loaded: dict[str, DecodeAttention | DecodeStep | TrainKernels | None] = {}
 
 
 class DecodeAttention:
@@ -113,9 +113,9 @@ class DecodeAttention:
         return out
 
 
-class NtProduct:
-    """`scale * a @ w.T` in fp32 from bf16 `a` `[..., M, K]` and `w` `[..., N, K]` (see
-    csrc/nt_product.c)."""
+class TrainKernels:
+    """The trainer's kernels (csrc/train_kernels.c): `scale * a @ w.T` in fp32 from bf16 `a`
+    `[..., M, K]` and `w` `[..., N, K]`; attention's softmax and its backward in one pass."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         fn = library.relayrl_nt_product_bf16
@@ -124,18 +124,66 @@ class NtProduct:
                        + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
         fn.restype = ctypes.c_int
         self._fn = fn
+        softmax = library.relayrl_softmax_bf16
+        softmax.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_int]
+        softmax.restype = ctypes.c_int
+        self._softmax = softmax
+        grad = library.relayrl_softmax_grad_bf16
+        grad.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        grad.restype = ctypes.c_int
+        self._softmax_grad = grad
+
+    def softmax(self, scores: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """bf16 `softmax(scores + bias, -1)` of fp32 `scores` `[R, heads, L, K]`, fp32 inside,
+        in one pass a row (`scores` is overwritten); `bias` `[L, K]` or `[R, 1, L, K]`, 0 or
+        -inf, every row seeing some key."""
+        rows, heads, length, keys = scores.shape
+        if (scores.dtype != torch.float32 or bias.dtype != torch.float32
+                or not scores.is_contiguous() or not bias.is_contiguous()
+                or bias.shape[-2:] != (length, keys)
+                or bias.numel() not in (length * keys, rows * length * keys)):
+            raise ValueError(f"cannot take scores {scores.dtype} {list(scores.shape)} with bias "
+                             f"{bias.dtype} {list(bias.shape)}")
+        p = torch.empty(scores.shape, dtype=torch.bfloat16)
+        code = self._softmax(scores.data_ptr(), bias.data_ptr(), p.data_ptr(),
+                             rows * heads * length, keys, length, heads * length,
+                             bias.numel() // (length * keys), torch.get_num_threads())
+        if code != 0:
+            raise RuntimeError(f"softmax kernel refused these shapes (code {code})")
+        return p
+
+    def softmax_grad(self, d_p: torch.Tensor, p: torch.Tensor, d_out: torch.Tensor,
+                     out: torch.Tensor) -> torch.Tensor:
+        """bf16 `p * (d_p - rowsum(d_out * out))`: the gradient of the scores from that of the
+        probabilities `d_p` (fp32 `[..., K]`), `p` (bf16, the same shape) and attention's
+        output and its gradient (bf16 `[..., D]`, D a multiple of 16), in one pass a row."""
+        keys, dim = p.shape[-1], out.shape[-1]
+        rows = p.numel() // keys if keys else 0
+        if (d_p.dtype != torch.float32
+                or any(t.dtype != torch.bfloat16 for t in (p, d_out, out)) or d_p.shape != p.shape
+                or d_out.shape != out.shape or out.shape[:-1] != p.shape[:-1] or dim % 16
+                or not all(t.is_contiguous() for t in (d_p, p, d_out, out))):
+            raise ValueError("cannot take these softmax gradient operands")
+        d_s = torch.empty(p.shape, dtype=torch.bfloat16)
+        if rows:
+            code = self._softmax_grad(d_p.data_ptr(), p.data_ptr(), d_out.data_ptr(),
+                                      out.data_ptr(), d_s.data_ptr(), rows, keys, dim,
+                                      torch.get_num_threads())
+            if code != 0:
+                raise RuntimeError(f"softmax gradient kernel refused these shapes (code {code})")
+        return d_s
 
     @staticmethod
     def supports(a: torch.Tensor, w: torch.Tensor) -> bool:
-        """Whether this kernel takes these operands: a bf16, w bf16 or fp32, on CPU, K even, the
+        """Whether `product` takes these operands: a bf16, w bf16 or fp32, on CPU, K even, the
         same batch."""
         return (a.dtype == torch.bfloat16 and w.dtype in (torch.bfloat16, torch.float32)
                 and a.device.type == w.device.type == "cpu"
                 and a.dim() >= 2 and a.shape[:-2] == w.shape[:-2]
                 and a.shape[-1] == w.shape[-1] and a.shape[-1] % 2 == 0 and a.shape[-1] > 0)
 
-    def __call__(self, a: torch.Tensor, w: torch.Tensor, scale: float = 1.0,
-                 threads: int | None = None) -> torch.Tensor:
+    def product(self, a: torch.Tensor, w: torch.Tensor, scale: float = 1.0,
+                threads: int | None = None) -> torch.Tensor:
         """fp32 `[..., M, N]`: `scale * a @ w.transpose(-1, -2)`, sums kept in fp32; an fp32
         `w` is taken as two bf16 terms (its bf16 and the rest: ~1e-5 of an fp32 product)."""
         if not self.supports(a, w):
@@ -378,11 +426,11 @@ def decode_step_kernel(dtype: torch.dtype = torch.bfloat16) -> DecodeStep | None
         return _loaded[source]  # type: ignore[return-value]
 
 
-def nt_product_kernel() -> NtProduct | None:
-    """The compiled bf16 -> fp32 product (`NtProduct`), or None where it cannot be built here
+def train_kernels() -> TrainKernels | None:
+    """The compiled bf16 -> fp32 product (`TrainKernels`), or None where it cannot be built here
     (no compiler or OpenMP, no AVX512-BF16)."""
     with _lock:
-        if "nt_product" not in _loaded:
-            library = _load("nt_product", ("-fopenmp",))
-            _loaded["nt_product"] = NtProduct(library) if library else None
-        return _loaded["nt_product"]  # type: ignore[return-value]
+        if "train_kernels" not in _loaded:
+            library = _load("train_kernels", ("-fopenmp",))
+            _loaded["train_kernels"] = TrainKernels(library) if library else None
+        return _loaded["train_kernels"]  # type: ignore[return-value]

@@ -28,7 +28,9 @@ does not use the bf16 units), and its bf16 backward does its products through a 
 allocates on every call from inside its parallel loop, where a training process keeps one glibc
 arena (`relayrl.heap.keep_freed_heap`), so the threads queue for its lock (85-90 ms a layer
 against 41-45 in fp32 on the main job's shapes). The products took one layer's forward and
-backward from 63-73 ms (fp32 flash) to 37 ms. Where a call's
+backward from 63-73 ms (fp32 flash) to 37 ms, and 23 ms with our kernels for the fp32 products
+and the softmax (`engine/csrc/train_kernels.c`: torch's CPU matmul rounds a bf16 product's
+output to bf16). Where a call's
 probabilities would exceed `MATMUL_MAX_BYTES`, and for padded rows (whose padding queries may
 see no key), attention runs in fp32 through SDPA, which costs a copy of q, k and v and fp32 saved
 tensors. Scoring without grad takes the same path as the update, so that a reference or
@@ -47,7 +49,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from relayrl.engine.cpu_kernels import nt_product_kernel
+from relayrl.engine.cpu_kernels import train_kernels
 
 GQA_SDPA = "relayrl_sdpa_gqa"
 """The name the attention function is registered under with transformers."""
@@ -287,11 +289,31 @@ def _bias(sees: torch.Tensor) -> torch.Tensor:
 
 def _fp32_product(a: torch.Tensor, b: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """`scale * a @ b^T` in fp32 from bf16 operands: our kernel where it is built
-    (engine/csrc/nt_product.c, at the bf16 units' rate), else an fp32 product of upcast copies."""
-    kernel = nt_product_kernel()
+    (engine/csrc/train_kernels.c, at the bf16 units' rate), else an fp32 product of upcast copies."""
+    kernel = train_kernels()
     if kernel is not None and kernel.supports(a, b):
-        return kernel(a, b, scale)
+        return kernel.product(a, b, scale)
     return torch.matmul(a.float() * scale, b.float().transpose(-1, -2))
+
+
+def _softmax(scores: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """bf16 `softmax(scores + bias, -1)` of fp32 scores `[rows, heads, L, K]` (overwritten) and a
+    bias `[L, K]` or `[rows, 1, L, K]`: our one-pass kernel where it is built, else torch's."""
+    kernel = train_kernels()
+    if kernel is not None:
+        return kernel.softmax(scores, bias.contiguous())
+    return torch.softmax(scores.add_(bias), -1).to(torch.bfloat16)
+
+
+def _softmax_grad(d_p: torch.Tensor, p: torch.Tensor, d_out: torch.Tensor,
+                  out: torch.Tensor) -> torch.Tensor:
+    """dS = P * (dP - rowsum(dO * O)) in bf16 from fp32 `d_p`, in fp32 until rounded for the
+    products with q and k: our one-pass kernel where it is built, else torch's ops."""
+    kernel = train_kernels()
+    if kernel is not None and out.shape[-1] % 16 == 0:
+        return kernel.softmax_grad(d_p, p, d_out, out)
+    delta = (d_out.float() * out.float()).sum(-1, keepdim=True)
+    return d_p.sub_(delta).mul_(p).to(torch.bfloat16)
 
 
 class _MatmulAttention(torch.autograd.Function):
@@ -300,8 +322,10 @@ class _MatmulAttention(torch.autograd.Function):
     dO v^T` in fp32 (rounded to bf16, the scores cost 2-3x the output's error where they are
     large), the products with the probabilities `P` and with `dS` in bf16, as GPU flash kernels
     do them. The query heads of one key/value head are stacked along the queries, so grouped
-    heads need no copies. On the main job's shapes, forward and backward, ~2x torch's CPU flash
-    kernel in fp32, whose products do not use the bf16 units (see the module docstring)."""
+    heads need no copies. Where our kernels are built (engine/csrc/train_kernels.c) the fp32
+    products run on the bf16 units and the softmax and its backward take one pass a row: one
+    layer of the main job's shapes forward and backward in 23 ms, against 63-73 ms for torch's
+    CPU flash kernel in fp32, whose products do not use the bf16 units."""
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -311,8 +335,7 @@ class _MatmulAttention(torch.autograd.Function):
         hk = k.shape[1]
         q_R_Hk_GL_D = q.reshape(rows, hk, hq // hk * length, d)
         scores = _fp32_product(q_R_Hk_GL_D, k, scale)
-        scores.view(rows, hk, hq // hk, length, -1).add_(bias.view(-1, 1, 1, *bias.shape[-2:]))
-        p = torch.softmax(scores, -1).to(q.dtype)
+        p = _softmax(scores.view(rows, hq, length, -1), bias).view(scores.shape)
         out = torch.matmul(p, v)
         ctx.save_for_backward(q_R_Hk_GL_D, k, v, p, out)
         ctx.scale = scale
@@ -322,12 +345,9 @@ class _MatmulAttention(torch.autograd.Function):
     def backward(ctx: Any, d_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         """Gradients of q, k and v (none for the bias and scale)."""
         q, k, v, p, out = ctx.saved_tensors
-        d_out_g = d_out.reshape(q.shape)
+        d_out_g = d_out.reshape(q.shape).contiguous()
         d_v = torch.matmul(p.transpose(-1, -2), d_out_g)
-        # dS = P * (dP - rowsum(dO * O)), in fp32 until the products with q and k
-        d_scores = _fp32_product(d_out_g, v)
-        d_scores.sub_((d_out_g.float() * out.float()).sum(-1, keepdim=True)).mul_(p)
-        d_scores = d_scores.to(q.dtype)
+        d_scores = _softmax_grad(_fp32_product(d_out_g, v), p, d_out_g, out)
         d_q = torch.matmul(d_scores, k).mul_(ctx.scale)
         d_k = torch.matmul(d_scores.transpose(-1, -2), q).mul_(ctx.scale)
         return d_q.view(d_out.shape), d_k, d_v, None, None

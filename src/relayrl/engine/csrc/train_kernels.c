@@ -20,16 +20,87 @@
  *
  * Built with -march=native -fopenmp on first use (engine/cpu_kernels.py).
  */
-#include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+#include "decode_attention.c" /* load16_bf16, store16_bf16, exp16 */
+
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 
-int relayrl_nt_product_ready(void) { return 1; }
+int relayrl_train_kernels_ready(void) { return 1; }
+
+/* Attention's softmax, one pass a row: p[i] = bf16(softmax(s[i] + bias[i])), fp32 inside.
+ * s [rows, K] fp32 (overwritten with the exponentials); a row i = ((r * heads) + h) * L + l of
+ * the scores [R, heads, L, K] takes bias row (bias_rows > 1 ? r * L + l : l) of bias
+ * [bias_rows, L, K] (0 or -inf). Every row must see a key (-inf everywhere is not taken). */
+int relayrl_softmax_bf16(float *s, const float *bias, uint16_t *p, int64_t rows, int64_t K,
+                         int64_t L, int64_t per_r, int64_t bias_rows, int threads) {
+    if (K <= 0 || L <= 0 || per_r <= 0 || rows % per_r || per_r % L) return 1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t i = 0; i < rows; i++) {
+        const int64_t r = i / per_r, l = i % L;
+        const float *b = bias + ((bias_rows > 1 ? r * L : 0) + l) * K;
+        float *si = s + i * K;
+        __m512 top = _mm512_set1_ps(-INFINITY);
+        for (int64_t j = 0; j < K; j += 16) {
+            const __mmask16 m = K - j >= 16 ? 0xFFFF : (__mmask16)((1u << (K - j)) - 1);
+            __m512 x = _mm512_add_ps(_mm512_maskz_loadu_ps(m, si + j), _mm512_maskz_loadu_ps(m, b + j));
+            _mm512_mask_storeu_ps(si + j, m, x);
+            top = _mm512_mask_max_ps(top, m, top, x);
+        }
+        const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t j = 0; j < K; j += 16) {
+            const __mmask16 m = K - j >= 16 ? 0xFFFF : (__mmask16)((1u << (K - j)) - 1);
+            __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, si + j), mx)));
+            _mm512_mask_storeu_ps(si + j, m, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+        uint16_t *pi = p + i * K;
+        int64_t j = 0;
+        for (; j + 16 <= K; j += 16) store16_bf16(pi + j, _mm512_mul_ps(_mm512_loadu_ps(si + j), inv));
+        if (j < K) {
+            uint16_t tail[16];
+            store16_bf16(tail, _mm512_mul_ps(_mm512_maskz_loadu_ps((__mmask16)((1u << (K - j)) - 1), si + j), inv));
+            memcpy(pi + j, tail, (size_t)(K - j) * sizeof *tail);
+        }
+    }
+    return 0;
+}
+
+/* Its backward, one pass a row: ds[i] = bf16(p[i] * (dp[i] - dot(d_out[i], out[i]))), with p and
+ * ds [rows, K] bf16, dp [rows, K] fp32, d_out and out [rows, D] bf16. */
+int relayrl_softmax_grad_bf16(const float *dp, const uint16_t *p, const uint16_t *d_out,
+                              const uint16_t *out, uint16_t *ds, int64_t rows, int64_t K,
+                              int64_t D, int threads) {
+    if (K <= 0 || D <= 0 || D % 16) return 1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t i = 0; i < rows; i++) {
+        __m512 dot = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d += 16)
+            dot = _mm512_fmadd_ps(load16_bf16(d_out + i * D + d), load16_bf16(out + i * D + d), dot);
+        const __m512 delta = _mm512_set1_ps(_mm512_reduce_add_ps(dot));
+        const float *dpi = dp + i * K;
+        const uint16_t *pi = p + i * K;
+        uint16_t *dsi = ds + i * K;
+        int64_t j = 0;
+        for (; j + 16 <= K; j += 16)
+            store16_bf16(dsi + j, _mm512_mul_ps(load16_bf16(pi + j), _mm512_sub_ps(_mm512_loadu_ps(dpi + j), delta)));
+        if (j < K) {
+            uint16_t in[16] = {0}, tail[16];
+            const __mmask16 m = (__mmask16)((1u << (K - j)) - 1);
+            memcpy(in, pi + j, (size_t)(K - j) * sizeof *in);
+            store16_bf16(tail, _mm512_mul_ps(load16_bf16(in), _mm512_sub_ps(_mm512_maskz_loadu_ps(m, dpi + j), delta)));
+            memcpy(dsi + j, tail, (size_t)(K - j) * sizeof *tail);
+        }
+    }
+    return 0;
+}
 
 #define COLS 64
 #define ROWS 6
@@ -163,8 +234,10 @@ int relayrl_nt_product_bf16(const uint16_t *a, int64_t a_batch, int64_t lda, con
 
 #else
 
-int relayrl_nt_product_ready(void) { return 0; }
+int relayrl_train_kernels_ready(void) { return 0; }
 
 int relayrl_nt_product_bf16(void) { return 2; }
+int relayrl_softmax_bf16(void) { return 2; }
+int relayrl_softmax_grad_bf16(void) { return 2; }
 
 #endif
