@@ -30,12 +30,11 @@ arena (`relayrl.heap.keep_freed_heap`), so the threads queue for its lock (85-90
 against 41-45 in fp32 on the main job's shapes). The products took one layer's forward and
 backward from 63-73 ms (fp32 flash) to 37 ms, and 23 ms with our kernels for the fp32 products
 and the softmax (`engine/csrc/train_kernels.c`: torch's CPU matmul rounds a bf16 product's
-output to bf16). Where a call's
-probabilities would exceed `MATMUL_MAX_BYTES`, and for padded rows (whose padding queries may
-see no key), attention runs in fp32 through SDPA, which costs a copy of q, k and v and fp32 saved
-tensors. Scoring without grad takes the same path as the update, so that a reference or
-proximal policy scored apart gives the update's own numbers for the same weights; the engine
-has attention of its own.
+output to bf16). Where a call's probabilities would exceed `MATMUL_MAX_BYTES`, and for padded
+rows (whose padding queries may see no key), attention runs in fp32 through SDPA, which costs a
+copy of q, k and v and fp32 saved tensors. Scoring without grad takes the same path as the
+update, so that a reference or proximal policy scored apart gives the update's own numbers for
+the same weights; the engine has attention of its own.
 """
 
 from __future__ import annotations
