@@ -210,17 +210,16 @@ def unpadded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     k, v = _keys(key, layout), _keys(value, layout)
     if _matmul(q, k.shape[2]):
         out = _MatmulAttention.apply(q, k, v, layout.bias, scaling or q.shape[-1] ** -0.5)
-        return out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3]).index_select(
-            0, layout.index_S)[None]
-    if _upcast(q):
-        q, k, v = q.float(), k.float(), v.float()
-    grouped = _grouped(q, k)
-    if grouped and not _masks_grouped_heads(q.device):
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-        grouped = False
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask, scale=scaling,
-                                         is_causal=layout.mask is None, enable_gqa=grouped)
+    else:
+        if _upcast(q):
+            q, k, v = q.float(), k.float(), v.float()
+        grouped = _grouped(q, k)
+        if grouped and not _masks_grouped_heads(q.device):
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+            grouped = False
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask, scale=scaling,
+                                             is_causal=layout.mask is None, enable_gqa=grouped)
     hq, d = out.shape[1], out.shape[3]
     return out.transpose(1, 2).reshape(-1, hq, d).index_select(0, layout.index_S)[None].to(dtype)
 
