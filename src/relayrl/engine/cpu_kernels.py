@@ -115,7 +115,8 @@ class DecodeAttention:
 
 class TrainKernels:
     """The trainer's kernels (csrc/train_kernels.c): `scale * a @ w.T` in fp32 from bf16 `a`
-    `[..., M, K]` and `w` `[..., N, K]`; attention's softmax and its backward in one pass."""
+    `[..., M, K]` and `w` `[..., N, K]`; attention's softmax, RMSNorm and SwiGLU, each with its
+    backward, in one pass."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         fn = library.relayrl_nt_product_bf16
@@ -132,6 +133,93 @@ class TrainKernels:
         grad.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         grad.restype = ctypes.c_int
         self._softmax_grad = grad
+        norm = library.relayrl_rms_norm_bf16
+        norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float,
+                                                                        ctypes.c_int]
+        norm.restype = ctypes.c_int
+        self._rms_norm = norm
+        norm_grad = library.relayrl_rms_norm_grad_bf16
+        norm_grad.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 2 + [ctypes.c_int]
+        norm_grad.restype = ctypes.c_int
+        self._rms_norm_grad = norm_grad
+        swiglu = library.relayrl_swiglu_bf16
+        swiglu.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
+        swiglu.restype = ctypes.c_int
+        self._swiglu = swiglu
+        swiglu_grad = library.relayrl_swiglu_grad_bf16
+        swiglu_grad.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64, ctypes.c_int]
+        swiglu_grad.restype = ctypes.c_int
+        self._swiglu_grad = swiglu_grad
+
+    @staticmethod
+    def _check_bf16(*tensors: torch.Tensor) -> None:
+        # Wrong dtypes or strides would make the C side read the wrong bytes: checked here.
+        for t in tensors:
+            if t.dtype != torch.bfloat16 or t.device.type != "cpu" or not t.is_contiguous():
+                raise ValueError(f"expected contiguous bf16 CPU tensors, got {t.dtype} "
+                                 f"{list(t.shape)} on {t.device}")
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`y`, `r`): Llama's RMSNorm of bf16 `x` `[..., H]` (H a multiple of 16), rounded as
+        its bf16 ops round, and the fp32 reciprocal root `r` `[rows]` its backward needs."""
+        self._check_bf16(x, weight)
+        hidden = x.shape[-1]
+        if hidden % 16 or weight.shape != (hidden,):
+            raise ValueError(f"cannot normalize [..., {hidden}] with a weight of "
+                             f"{list(weight.shape)} (H a multiple of 16)")
+        y = torch.empty_like(x)
+        r = torch.empty(x.numel() // hidden if hidden else 0, dtype=torch.float32)
+        code = self._rms_norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), r.data_ptr(),
+                              r.shape[0], hidden, eps, torch.get_num_threads())
+        if code != 0:
+            raise RuntimeError(f"RMSNorm kernel refused these shapes (code {code})")
+        return y, r
+
+    def rms_norm_grad(self, grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                      r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`dx` bf16, `dw` fp32 `[H]`): the RMSNorm's gradients from that of its output."""
+        self._check_bf16(grad, x, weight)
+        hidden = x.shape[-1]
+        if (grad.shape != x.shape or weight.shape != (hidden,) or hidden % 16
+                or r.dtype != torch.float32 or r.shape != (x.numel() // hidden,)):
+            raise ValueError("cannot take these RMSNorm gradient operands")
+        threads = torch.get_num_threads()
+        dx = torch.empty_like(x)
+        dw = torch.empty(hidden, dtype=torch.float32)
+        partial = torch.empty(threads, hidden, dtype=torch.float32)
+        code = self._rms_norm_grad(grad.data_ptr(), x.data_ptr(), weight.data_ptr(),
+                                   r.data_ptr(), dx.data_ptr(), dw.data_ptr(),
+                                   partial.data_ptr(), r.shape[0], hidden, threads)
+        if code != 0:
+            raise RuntimeError(f"RMSNorm gradient kernel refused these shapes (code {code})")
+        return dx, dw
+
+    def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """`silu(gate) * up` of bf16 tensors, rounded as torch's two bf16 ops round it."""
+        self._check_bf16(gate, up)
+        if gate.shape != up.shape:
+            raise ValueError(f"gate {list(gate.shape)} and up {list(up.shape)} differ")
+        out = torch.empty_like(gate)
+        code = self._swiglu(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel(),
+                            torch.get_num_threads())
+        if code != 0:
+            raise RuntimeError(f"SwiGLU kernel refused these shapes (code {code})")
+        return out
+
+    def swiglu_grad(self, grad: torch.Tensor, gate: torch.Tensor,
+                    up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`d_gate`, `d_up`): `swiglu`'s gradients from that of its output, in one pass."""
+        self._check_bf16(grad, gate, up)
+        if not grad.shape == gate.shape == up.shape:
+            raise ValueError("cannot take these SwiGLU gradient operands")
+        d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
+        code = self._swiglu_grad(grad.data_ptr(), gate.data_ptr(), up.data_ptr(),
+                                 d_gate.data_ptr(), d_up.data_ptr(), gate.numel(),
+                                 torch.get_num_threads())
+        if code != 0:
+            raise RuntimeError(f"SwiGLU gradient kernel refused these shapes (code {code})")
+        return d_gate, d_up
 
     def softmax(self, scores: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """bf16 `softmax(scores + bias, -1)` of fp32 `scores` `[R, heads, L, K]`, fp32 inside,

@@ -43,7 +43,7 @@ import torch.utils.checkpoint
 
 from relayrl.errors import ConfigError, ModelError
 from relayrl.models import cache_kwarg, cpu_has_bf16_units
-from relayrl.train import attention, lora
+from relayrl.train import attention, fused, lora
 from relayrl.train.checkpoint import (
     TrainingState,
     copy_tokenizer_files,
@@ -190,7 +190,7 @@ class Actor:
         self.bf16 = resolve_bf16(config.bf16, self.device)
         self.bf16_copy = self.bf16 and config.bf16_mode == "copy"
         """Forward and backward run on a bf16 copy of the weights (else on `model`)."""
-        self.compute_model = bf16_copy(self.model) if self.bf16_copy else self.model
+        self.compute_model = self._compute_copy(self.model) if self.bf16_copy else self.model
         """What forward and backward run on: the bf16 copy, or `model` itself."""
         if config.compile:
             # Layer by layer: the layers share one compiled graph (their weights are its inputs),
@@ -276,6 +276,14 @@ class Actor:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled):
             yield
 
+    def _compute_copy(self, model: Any) -> Any:
+        """`model`'s bf16 copy, its RMSNorms and MLPs in one pass each on CPU (`fused`)."""
+        twin = bf16_copy(model)
+        if self.device.type == "cpu" and not self.config.compile:
+            # Dynamo would break its graphs at the kernels' calls.
+            fused.fuse(twin)
+        return twin
+
     def _runnable(self, model: Any) -> tuple[Any, Any]:
         """(module whose decoder runs, output head) that score for `model`."""
         if model is self.model:
@@ -304,8 +312,13 @@ class Actor:
         weight_V_H = head.weight
         if self.bf16 and not self.config.fp32_logits:  # autocast would have cast it
             weight_V_H = weight_V_H.to(torch.bfloat16)
+        # The fp32 head's bf16 twin (refreshed with the rest of the copy) spares the backward
+        # a cast of the whole head.
+        twin = compute.get_output_embeddings().weight
+        low = twin if (twin is not weight_V_H and twin.dtype == hidden_N_H.dtype
+                       and twin.dtype != weight_V_H.dtype) else None
         with torch.autocast(self.device.type, enabled=False):
-            return head_logprobs(hidden_N_H, weight_V_H, ids_M_L[m_N, l_N])
+            return head_logprobs(hidden_N_H, weight_V_H, ids_M_L[m_N, l_N], low)
 
     def _hidden(self, decoder: Any, mb: MicroBatch) -> torch.Tensor:
         """The decoder's last hidden states `[M, L, H]` of the micro-batch's rows."""
@@ -381,7 +394,7 @@ class Actor:
                                           self.config.attn_implementation)
             self._reference.requires_grad_(False)
             # The same numerics as the policy's, so the KL starts at 0.
-            self._reference_compute = (bf16_copy(self._reference) if self.bf16_copy
+            self._reference_compute = (self._compute_copy(self._reference) if self.bf16_copy
                                        else self._reference)
         return self.compute_logprobs(batch, self._reference)
 

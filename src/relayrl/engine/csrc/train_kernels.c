@@ -102,6 +102,153 @@ int relayrl_softmax_grad_bf16(const float *dp, const uint16_t *p, const uint16_t
     return 0;
 }
 
+/* masked loads and stores of n < 16 bf16: the tails of the elementwise kernels below */
+static inline __m512 load_bf16_tail(const uint16_t *p, int64_t n) {
+    const __m256i h = _mm256_maskz_loadu_epi16((__mmask16)((1u << n) - 1), p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline void store_bf16_tail(uint16_t *p, __m512 x, int64_t n) {
+    uint16_t tail[16];
+    store16_bf16(tail, x);
+    memcpy(p, tail, (size_t)n * sizeof *tail);
+}
+
+/* bf16 of x as a float: the rounding torch applies to each op's bf16 output */
+static inline __m512 round_bf16(__m512 x) {
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_and_si512(
+        _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))),
+        _mm512_set1_epi32((int)0xFFFF0000u));
+    /* NaN stays as it is (its low bits only go when it is stored) */
+    return _mm512_mask_mov_ps(_mm512_castsi512_ps(rounded), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+
+/* RMSNorm as Llama-family models write it, rounding where they round: y = bf16(w * bf16(x * r)),
+ * r = 1 / sqrt(mean(x^2) + eps) in fp32, kept per row for the backward. x, y [rows, H], w [H]
+ * bf16; H a multiple of 16. */
+int relayrl_rms_norm_bf16(const uint16_t *x, const uint16_t *w, uint16_t *y, float *r,
+                          int64_t rows, int64_t H, float eps, int threads) {
+    if (H <= 0 || H % 16 || rows < 0) return 1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t i = 0; i < rows; i++) {
+        const uint16_t *xi = x + i * H;
+        __m512 sq = _mm512_setzero_ps();
+        for (int64_t j = 0; j < H; j += 16) {
+            const __m512 v = load16_bf16(xi + j);
+            sq = _mm512_fmadd_ps(v, v, sq);
+        }
+        const float ri = 1.0f / sqrtf(_mm512_reduce_add_ps(sq) / (float)H + eps);
+        r[i] = ri;
+        const __m512 vr = _mm512_set1_ps(ri);
+        for (int64_t j = 0; j < H; j += 16) {
+            const __m512 h = round_bf16(_mm512_mul_ps(load16_bf16(xi + j), vr));
+            store16_bf16(y + i * H + j, _mm512_mul_ps(h, load16_bf16(w + j)));
+        }
+    }
+    return 0;
+}
+
+/* Its backward from g = dL/dy: dx = bf16(r * (d - h * mean(d * h))), d = bf16(g * w) as fp32,
+ * h = x * r; dw = sum over rows of g * bf16(h), fp32 sums into `dw` [H]. `partial` holds
+ * threads * H floats (each thread's own sums, added up at the end). */
+int relayrl_rms_norm_grad_bf16(const uint16_t *g, const uint16_t *x, const uint16_t *w,
+                               const float *r, uint16_t *dx, float *dw, float *partial,
+                               int64_t rows, int64_t H, int threads) {
+    if (H <= 0 || H % 16 || rows < 0 || threads < 1) return 1;
+    memset(partial, 0, (size_t)(threads * H) * sizeof *partial);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int thread = 0;
+#ifdef _OPENMP
+        thread = omp_get_thread_num();
+#endif
+        float *mine = partial + (int64_t)thread * H;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < rows; i++) {
+            const uint16_t *gi = g + i * H, *xi = x + i * H;
+            const __m512 vr = _mm512_set1_ps(r[i]);
+            __m512 dot = _mm512_setzero_ps();
+            for (int64_t j = 0; j < H; j += 16) {
+                const __m512 gj = load16_bf16(gi + j), h = _mm512_mul_ps(load16_bf16(xi + j), vr);
+                const __m512 d = round_bf16(_mm512_mul_ps(gj, load16_bf16(w + j)));
+                dot = _mm512_fmadd_ps(d, h, dot);
+                _mm512_storeu_ps(mine + j, _mm512_fmadd_ps(gj, round_bf16(h), _mm512_loadu_ps(mine + j)));
+            }
+            const __m512 mean = _mm512_set1_ps(_mm512_reduce_add_ps(dot) / (float)H);
+            for (int64_t j = 0; j < H; j += 16) {
+                const __m512 h = _mm512_mul_ps(load16_bf16(xi + j), vr);
+                const __m512 d = round_bf16(_mm512_mul_ps(load16_bf16(gi + j), load16_bf16(w + j)));
+                store16_bf16(dx + i * H + j, _mm512_mul_ps(vr, _mm512_fnmadd_ps(h, mean, d)));
+            }
+        }
+    }
+    for (int64_t j = 0; j < H; j++) {
+        float sum = 0.0f;
+        for (int t = 0; t < threads; t++) sum += partial[(int64_t)t * H + j];
+        dw[j] = sum;
+    }
+    return 0;
+}
+
+static inline __m512 sigmoid16(__m512 x) {
+    /* 1 / (1 + exp(-x)) from exp16 of a non-positive argument, so neither side overflows */
+    const __m512 e = exp16(_mm512_min_ps(x, _mm512_sub_ps(_mm512_setzero_ps(), x)));
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 inv = _mm512_div_ps(one, _mm512_add_ps(one, e));
+    /* x >= 0: 1 / (1 + e^-x); x < 0: e^x / (1 + e^x) */
+    return _mm512_mask_mul_ps(inv, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), e, inv);
+}
+
+/* SwiGLU as Llama-family MLPs write it: out = bf16(bf16(silu(gate)) * up), n elements of bf16 */
+int relayrl_swiglu_bf16(const uint16_t *gate, const uint16_t *up, uint16_t *out, int64_t n,
+                        int threads) {
+    if (n < 0) return 1;
+    const int64_t blocks = (n + 15) / 16;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks > 64)
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t j = b * 16, left = n - j;
+        const __m512 g = left >= 16 ? load16_bf16(gate + j) : load_bf16_tail(gate + j, left);
+        const __m512 u = left >= 16 ? load16_bf16(up + j) : load_bf16_tail(up + j, left);
+        const __m512 y = _mm512_mul_ps(round_bf16(_mm512_mul_ps(g, sigmoid16(g))), u);
+        if (left >= 16)
+            store16_bf16(out + j, y);
+        else
+            store_bf16_tail(out + j, y, left);
+    }
+    return 0;
+}
+
+/* Its backward from d = dL/dout: d_up = bf16(d * bf16(silu(gate))), d_gate = bf16(bf16(d * up)
+ * * s * (1 + gate * (1 - s))), s = sigmoid(gate), as torch's mul and silu_backward round them */
+int relayrl_swiglu_grad_bf16(const uint16_t *d, const uint16_t *gate, const uint16_t *up,
+                             uint16_t *d_gate, uint16_t *d_up, int64_t n, int threads) {
+    if (n < 0) return 1;
+    const int64_t blocks = (n + 15) / 16;
+    const __m512 one = _mm512_set1_ps(1.0f);
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks > 64)
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t j = b * 16, left = n - j;
+        const __m512 dj = left >= 16 ? load16_bf16(d + j) : load_bf16_tail(d + j, left);
+        const __m512 g = left >= 16 ? load16_bf16(gate + j) : load_bf16_tail(gate + j, left);
+        const __m512 u = left >= 16 ? load16_bf16(up + j) : load_bf16_tail(up + j, left);
+        const __m512 s = sigmoid16(g);
+        const __m512 du = _mm512_mul_ps(dj, round_bf16(_mm512_mul_ps(g, s)));
+        const __m512 ds = round_bf16(_mm512_mul_ps(dj, u));
+        const __m512 dg = _mm512_mul_ps(_mm512_mul_ps(ds, s),
+                                        _mm512_fmadd_ps(g, _mm512_sub_ps(one, s), one));
+        if (left >= 16) {
+            store16_bf16(d_up + j, du);
+            store16_bf16(d_gate + j, dg);
+        } else {
+            store_bf16_tail(d_up + j, du, left);
+            store_bf16_tail(d_gate + j, dg, left);
+        }
+    }
+    return 0;
+}
+
 #define COLS 64
 #define ROWS 6
 
@@ -239,5 +386,9 @@ int relayrl_train_kernels_ready(void) { return 0; }
 int relayrl_nt_product_bf16(void) { return 2; }
 int relayrl_softmax_bf16(void) { return 2; }
 int relayrl_softmax_grad_bf16(void) { return 2; }
+int relayrl_rms_norm_bf16(void) { return 2; }
+int relayrl_rms_norm_grad_bf16(void) { return 2; }
+int relayrl_swiglu_bf16(void) { return 2; }
+int relayrl_swiglu_grad_bf16(void) { return 2; }
 
 #endif

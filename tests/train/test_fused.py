@@ -1,0 +1,186 @@
+"""The one-pass RMSNorm and SwiGLU (`relayrl.train.fused`) against the modules they replace.
+
+Tolerances. The kernels round where the modules' bf16 ops round, so forward outputs equal the
+modules' own but where an exp or a sum lands a hair apart and a rounding goes the other way: at
+most one bf16 step (2^-7 relative) and on under 1% of the elements (measured: bit-equal on
+1M-2.6M random elements of the main job's shapes).
+Gradients are compared in relative L2 against float64 modules, and must be at least as close as
+the bf16 modules' own autograd (the weight's gradient closer: its sums stay fp32).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, Qwen2Config
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm
+
+from relayrl.engine.cpu_kernels import TrainKernels, train_kernels
+from relayrl.train import fused
+from relayrl.train.actor import Actor
+from relayrl.train.config import TrainConfig
+
+from .conftest import random_batch
+
+
+@pytest.fixture
+def kernels() -> TrainKernels:
+    built = train_kernels()
+    if built is None:
+        pytest.skip("no C compiler, OpenMP or AVX512-BF16 here: the modules keep their own ops")
+    return built
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative L2 distance of `a` from `b`, in float64."""
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def assert_rounds_alike(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal but for rare one-step roundings the other way."""
+    differ = got != want
+    assert differ.float().mean() < 0.01
+    step = want.float().abs().clamp_min(1e-30) * 2.0 ** -7
+    assert bool(((got.float() - want.float()).abs() <= step * 1.01).all())
+
+
+def norm_pair(cls: type, hidden: int, seed: int) -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(seed)
+    module = cls(hidden, eps=1e-5)
+    with torch.no_grad():
+        module.weight.copy_(1.0 + 0.5 * torch.randn(hidden))
+    twin = cls(hidden, eps=1e-5)
+    twin.load_state_dict(module.state_dict())
+    fused.fuse(twin)
+    return module, twin
+
+
+@pytest.mark.parametrize("cls", [LlamaRMSNorm, Qwen2RMSNorm])
+@pytest.mark.parametrize("shape", [(37, 576), (2, 9, 64), (1, 16)])
+def test_rms_norm_matches_the_module_forward_and_backward(
+        kernels: TrainKernels, cls: type, shape: tuple[int, ...]) -> None:
+    module, twin = norm_pair(cls, shape[-1], seed=len(shape))
+    assert fused.fuse(torch.nn.Sequential(cls(shape[-1]))) == 1
+    x64 = (3.0 * torch.randn(*shape, dtype=torch.float64)).requires_grad_()
+    g64 = torch.randn(*shape, dtype=torch.float64)
+    outs = {}
+    for name, mod, dtype in (("f64", module, torch.float64), ("bf16", module, torch.bfloat16),
+                             ("fused", twin, torch.bfloat16)):
+        mod = mod.to(dtype)
+        x = x64.detach().to(dtype).requires_grad_()
+        y = mod(x)
+        y.backward(g64.to(dtype))
+        outs[name] = (y.detach(), x.grad, mod.weight.grad)
+        mod.weight.grad = None
+    assert_rounds_alike(outs["fused"][0], outs["bf16"][0])
+    _, dx64, dw64 = outs["f64"]
+    assert rel(outs["fused"][1], dx64) <= 1.1 * rel(outs["bf16"][1], dx64) + 1e-3
+    assert rel(outs["fused"][2], dw64) <= 1.1 * rel(outs["bf16"][2], dw64) + 1e-3
+    assert rel(outs["fused"][1], dx64) < 1e-2
+
+
+def mlp_pair(cls: type, config_cls: type, seed: int) -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(seed)
+    config = config_cls(hidden_size=64, intermediate_size=176, hidden_act="silu")
+    module = cls(config)
+    twin = cls(config)
+    twin.load_state_dict(module.state_dict())
+    assert fused.fuse(twin) == 1
+    return module, twin
+
+
+@pytest.mark.parametrize(("cls", "config_cls"), [(LlamaMLP, LlamaConfig), (Qwen2MLP, Qwen2Config)])
+def test_swiglu_matches_the_module_forward_and_backward(
+        kernels: TrainKernels, cls: type, config_cls: type) -> None:
+    module, twin = mlp_pair(cls, config_cls, seed=3)
+    # 5 x 7 rows of 176: elements past the last whole 16 take the kernels' masked tails
+    x64 = (2.0 * torch.randn(5, 7, 64, dtype=torch.float64)).requires_grad_()
+    g64 = torch.randn(5, 7, 64, dtype=torch.float64)
+    grads = {}
+    for name, mod, dtype in (("f64", module, torch.float64), ("bf16", module, torch.bfloat16),
+                             ("fused", twin, torch.bfloat16)):
+        mod = mod.to(dtype)
+        x = x64.detach().to(dtype).requires_grad_()
+        y = mod(x)
+        y.backward(g64.to(dtype))
+        grads[name] = (y.detach(), x.grad, mod.gate_proj.weight.grad, mod.up_proj.weight.grad)
+        mod.zero_grad(set_to_none=True)
+    want = grads["f64"]
+    for i in range(4):
+        # the products around the kernel round too: held to the bf16 module's own distance
+        assert rel(grads["fused"][i], want[i]) <= 1.2 * rel(grads["bf16"][i], want[i]) + 1e-3
+        assert rel(grads["fused"][i], grads["bf16"][i]) < 2e-2
+
+
+def test_the_swiglu_kernel_rounds_as_torchs_two_ops(kernels: TrainKernels) -> None:
+    torch.manual_seed(5)
+    gate = (4.0 * torch.randn(3001)).to(torch.bfloat16)  # an odd count: a masked tail
+    up = torch.randn(3001).to(torch.bfloat16)
+    assert_rounds_alike(kernels.swiglu(gate, up), torch.nn.functional.silu(gate) * up)
+    # large magnitudes: silu's exp must not overflow either way
+    big = torch.tensor([-200.0, -90.0, -30.0, 0.0, 30.0, 90.0, 200.0], dtype=torch.bfloat16)
+    out = kernels.swiglu(big, torch.ones_like(big))
+    assert torch.equal(out, torch.nn.functional.silu(big))
+    d_gate, d_up = kernels.swiglu_grad(torch.ones_like(big), big, torch.ones_like(big))
+    assert bool(torch.isfinite(d_gate).all()) and torch.equal(d_up, out)
+
+
+def test_anything_the_kernels_do_not_take_runs_the_modules_own_forward(
+        kernels: TrainKernels, monkeypatch: pytest.MonkeyPatch) -> None:
+    module, twin = norm_pair(LlamaRMSNorm, 24, seed=0)  # 24: not a multiple of 16
+    x = torch.randn(4, 24).to(torch.bfloat16)
+    assert torch.equal(twin.to(torch.bfloat16)(x), module.to(torch.bfloat16)(x))
+    module, twin = norm_pair(LlamaRMSNorm, 32, seed=0)  # fp32: the kernels are bf16 only
+    x = torch.randn(4, 32)
+    assert torch.equal(twin(x), module(x))
+    mlp, mlp_twin = mlp_pair(LlamaMLP, LlamaConfig, seed=0)
+    mlp, mlp_twin = mlp.to(torch.bfloat16), mlp_twin.to(torch.bfloat16)
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    monkeypatch.setattr(fused, "ENABLED", False)
+    assert torch.equal(mlp_twin(x), mlp(x))
+
+
+def test_other_norms_and_activations_are_left_alone() -> None:
+    class GemmaRMSNorm(torch.nn.Module):  # y = x * (1 + weight): a different module
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(16))
+            self.variance_epsilon = 1e-6
+
+    gelu = LlamaMLP(LlamaConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                                  num_key_value_heads=2, hidden_act="gelu"))
+    model = torch.nn.Sequential(GemmaRMSNorm(), gelu)
+    assert fused.fuse(model) == 0
+    assert "forward" not in vars(gelu)
+
+
+def step_gradient(path: str, config: TrainConfig, batch: object) -> torch.Tensor:
+    """The flat fp32 gradient the optimizer's first step on `batch` sees."""
+    actor = Actor(path, config)
+    seen: list[torch.Tensor] = []
+    step = actor.optimizer.step
+
+    def capture(*args: object, **kwargs: object) -> None:
+        seen.append(torch.cat([p.grad.reshape(-1) for p in actor.model.parameters()]))
+        step(*args, **kwargs)
+
+    actor.optimizer.step = capture  # type: ignore[method-assign]
+    actor.update(batch, batch.loss_mask_B_T.float())  # type: ignore[attr-defined]
+    return seen[0]
+
+
+def test_the_actors_bf16_copy_is_fused_and_its_update_matches_the_unfused_one(
+        kernels: TrainKernels, tiny_llama_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = TrainConfig(bf16=True, grad_clip=0.0)
+    actor = Actor(tiny_llama_dir, config)
+    layers = actor.compute_model.get_decoder().layers
+    assert all("forward" in vars(layer.mlp) and "forward" in vars(layer.input_layernorm)
+               for layer in layers)
+    assert not any("forward" in vars(m) for m in actor.model.modules())  # the master is as loaded
+    batch = random_batch([30, 21, 12], vocab=actor.model.config.vocab_size, seed=4)
+    with_kernels = step_gradient(tiny_llama_dir, config, batch)
+    monkeypatch.setattr(fused, "ENABLED", False)
+    without = step_gradient(tiny_llama_dir, config, batch)
+    # the same step but for bf16 roundings (measured 0.07% apart)
+    assert rel(with_kernels, without) < 0.01
