@@ -75,3 +75,20 @@ def test_without_grad_is_the_same_number_and_keeps_no_graph():
 def test_no_rows():
     h, w, _ = inputs(0, 50, 8, torch.float32)
     assert head_logprobs(h, w, torch.zeros(0, dtype=torch.long)).shape == (0,)
+
+
+@pytest.mark.parametrize("chunk_bytes", [head.CHUNK_BYTES, 4 * 300 * 3])
+def test_a_bf16_twin_of_the_fp32_head_gives_the_same_gradients(monkeypatch, chunk_bytes):
+    # The actor hands its bf16 copy's head to the backward instead of a fresh cast of the fp32
+    # one: the same bits, so the same gradients, slice by slice or whole.
+    monkeypatch.setattr(head, "CHUNK_BYTES", chunk_bytes)
+    grads = []
+    for twin in (False, True):
+        h, w, t = inputs(10, 300, 16, torch.float32, seed=3)
+        low = w.detach().to(torch.bfloat16) if twin else None
+        head_logprobs(h, w, t, low).sum().backward()
+        grads.append((h.grad, w.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    h, w, t = inputs(4, 300, 16, torch.float32)
+    with pytest.raises(ValueError, match="low_V_H"):
+        head_logprobs(h, w, t, w.detach().half())
