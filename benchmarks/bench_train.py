@@ -279,8 +279,9 @@ def breakdown_fns(actor: Actor, batch: TrainBatch, cfg: TrainConfig) -> dict[str
 
 
 def autograd_head(hidden_N_H: torch.Tensor, weight_V_H: torch.Tensor,
-                  targets_N: torch.Tensor) -> torch.Tensor:
-    """The actor's head before `relayrl.train.head`: fp32 logits through autograd's logsumexp."""
+                  targets_N: torch.Tensor, low_V_H: torch.Tensor | None = None) -> torch.Tensor:
+    """The actor's head before `relayrl.train.head`: fp32 logits through autograd's logsumexp
+    (`low_V_H`, the bf16 twin the actor offers, is not used)."""
     logits_N_V = hidden_N_H.float() @ weight_V_H.t()
     return logits_N_V.gather(-1, targets_N[:, None])[:, 0] - logits_N_V.logsumexp(-1)
 
