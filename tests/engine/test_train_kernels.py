@@ -1,5 +1,6 @@
 """The trainer's kernels (`csrc/train_kernels.c`): the bf16 -> fp32 product against float64
-products, attention's one-pass softmax and its gradient against torch's."""
+products, attention's one-pass softmax and its gradient against torch's, and what the RMSNorm and
+SwiGLU kernels refuse (their values: tests/train/test_fused.py)."""
 
 from __future__ import annotations
 
@@ -134,3 +135,15 @@ def test_softmax_operands_the_kernels_do_not_take_are_refused(nt: TrainKernels) 
         nt.softmax_grad(d_p, p, torch.zeros(2, 8).bfloat16(), torch.zeros(2, 8).bfloat16())
     with pytest.raises(ValueError, match="cannot take"):
         nt.softmax_grad(d_p, p, torch.zeros(2, 16).bfloat16(), torch.zeros(2, 16))  # fp32 out
+
+
+def test_norm_and_swiglu_operands_the_kernels_do_not_take_are_refused(nt: TrainKernels) -> None:
+    x = torch.zeros(3, 24).bfloat16()
+    with pytest.raises(ValueError, match="multiple of 16"):
+        nt.rms_norm(x, torch.ones(24).bfloat16(), 1e-6)
+    with pytest.raises(ValueError, match="contiguous bf16"):
+        nt.rms_norm(torch.zeros(3, 32), torch.ones(32).bfloat16(), 1e-6)
+    with pytest.raises(ValueError, match="contiguous bf16"):
+        nt.swiglu(torch.zeros(4, 32).bfloat16().t(), torch.zeros(32, 4).bfloat16())
+    with pytest.raises(ValueError, match="differ"):
+        nt.swiglu(torch.zeros(4).bfloat16(), torch.zeros(5).bfloat16())
