@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import tempfile
 import time
 from collections.abc import Mapping
@@ -84,7 +85,12 @@ def save_state_dir(weights: Mapping[str, Any]) -> str:
     from safetensors.torch import save_file
 
     folder = tempfile.mkdtemp(prefix="relayrl-weights-")
-    # Cloned: tied weights share storage, which safetensors refuses to save.
-    tensors = {k: v.detach().cpu().clone().contiguous() for k, v in weights.items()}
-    save_file(tensors, str(Path(folder) / "model.safetensors"))
+    try:
+        # Cloned: tied weights share storage, which safetensors refuses to save.
+        tensors = {k: v.detach().cpu().clone().contiguous() for k, v in weights.items()}
+        save_file(tensors, str(Path(folder) / "model.safetensors"))
+    except BaseException:
+        # A full disk would otherwise keep the partial file (hundreds of MB) for good.
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     return folder
