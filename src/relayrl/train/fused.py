@@ -3,8 +3,8 @@
 Llama-family layers write both as chains of small bf16 ops: RMSNorm is eight (a cast up, square,
 mean, add, rsqrt, multiply, a cast down, the weight), SwiGLU two (silu, multiply), and autograd
 adds as many again going back. On the main job's update each op is a pass over a [1728, 576] or
-[1728, 1536] tensor; one pass each took 0.22 s off a 3.36 s update on two Zen 5 cores (1.07x,
-benchmarks/RESULTS.md, "The update past half the bf16 peak"). The
+[1728, 1536] tensor; one pass each took 0.10-0.22 s off a 3.4 s update on two Zen 5 cores
+(1.03-1.07x over three runs, benchmarks/RESULTS.md, "The update at half the bf16 peak"). The
 kernels (engine/csrc/train_kernels.c) read each input once and round where the bf16 ops round
 (after the normalisation, after the weight; after silu, after the product), so outputs equal the
 modules' own (bit-equal on the main job's shapes, measured; an exp or a sum a hair apart could
