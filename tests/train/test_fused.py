@@ -10,6 +10,8 @@ the bf16 modules' own autograd (the weight's gradient closer: its sums stay fp32
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from transformers import LlamaConfig, Qwen2Config
@@ -45,6 +47,24 @@ def assert_rounds_alike(got: torch.Tensor, want: torch.Tensor) -> None:
     assert bool(((got.float() - want.float()).abs() <= step * 1.01).all())
 
 
+def three_ways(module: torch.nn.Module, twin: torch.nn.Module, x64: torch.Tensor,
+               weight_grads: Callable[[torch.nn.Module], tuple[torch.Tensor, ...]],
+               ) -> dict[str, tuple[torch.Tensor, ...]]:
+    """(output, input gradient, *weight_grads) of `module` in float64 and bf16 and of its fused
+    `twin` in bf16, on `x64` and one random output gradient; the modules end in bf16."""
+    g64 = torch.randn(x64.shape, dtype=torch.float64)
+    outs = {}
+    for name, mod, dtype in (("f64", module, torch.float64), ("bf16", module, torch.bfloat16),
+                             ("fused", twin, torch.bfloat16)):
+        mod = mod.to(dtype)
+        x = x64.detach().to(dtype).requires_grad_()
+        y = mod(x)
+        y.backward(g64.to(dtype))
+        outs[name] = (y.detach(), x.grad, *weight_grads(mod))
+        mod.zero_grad(set_to_none=True)
+    return outs
+
+
 def norm_pair(cls: type, hidden: int, seed: int) -> tuple[torch.nn.Module, torch.nn.Module]:
     torch.manual_seed(seed)
     module = cls(hidden, eps=1e-5)
@@ -62,17 +82,8 @@ def test_rms_norm_matches_the_module_forward_and_backward(
         kernels: TrainKernels, cls: type, shape: tuple[int, ...]) -> None:
     module, twin = norm_pair(cls, shape[-1], seed=len(shape))
     assert fused.fuse(torch.nn.Sequential(cls(shape[-1]))) == 1
-    x64 = (3.0 * torch.randn(*shape, dtype=torch.float64)).requires_grad_()
-    g64 = torch.randn(*shape, dtype=torch.float64)
-    outs = {}
-    for name, mod, dtype in (("f64", module, torch.float64), ("bf16", module, torch.bfloat16),
-                             ("fused", twin, torch.bfloat16)):
-        mod = mod.to(dtype)
-        x = x64.detach().to(dtype).requires_grad_()
-        y = mod(x)
-        y.backward(g64.to(dtype))
-        outs[name] = (y.detach(), x.grad, mod.weight.grad)
-        mod.weight.grad = None
+    outs = three_ways(module, twin, 3.0 * torch.randn(*shape, dtype=torch.float64),
+                      lambda mod: (mod.weight.grad,))
     assert_rounds_alike(outs["fused"][0], outs["bf16"][0])
     _, dx64, dw64 = outs["f64"]
     assert rel(outs["fused"][1], dx64) <= 1.1 * rel(outs["bf16"][1], dx64) + 1e-3
@@ -95,17 +106,8 @@ def test_swiglu_matches_the_module_forward_and_backward(
         kernels: TrainKernels, cls: type, config_cls: type) -> None:
     module, twin = mlp_pair(cls, config_cls, seed=3)
     # 5 x 7 rows of 176: elements past the last whole 16 take the kernels' masked tails
-    x64 = (2.0 * torch.randn(5, 7, 64, dtype=torch.float64)).requires_grad_()
-    g64 = torch.randn(5, 7, 64, dtype=torch.float64)
-    grads = {}
-    for name, mod, dtype in (("f64", module, torch.float64), ("bf16", module, torch.bfloat16),
-                             ("fused", twin, torch.bfloat16)):
-        mod = mod.to(dtype)
-        x = x64.detach().to(dtype).requires_grad_()
-        y = mod(x)
-        y.backward(g64.to(dtype))
-        grads[name] = (y.detach(), x.grad, mod.gate_proj.weight.grad, mod.up_proj.weight.grad)
-        mod.zero_grad(set_to_none=True)
+    grads = three_ways(module, twin, 2.0 * torch.randn(5, 7, 64, dtype=torch.float64),
+                       lambda mod: (mod.gate_proj.weight.grad, mod.up_proj.weight.grad))
     want = grads["f64"]
     for i in range(4):
         # the products around the kernel round too: held to the bf16 module's own distance

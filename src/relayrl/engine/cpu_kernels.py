@@ -38,6 +38,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -119,37 +120,21 @@ class TrainKernels:
     backward, in one pass."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        fn = library.relayrl_nt_product_bf16
-        fn.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p]
-                       + [ctypes.c_int64] * 2 + [ctypes.c_int, ctypes.c_void_p]
-                       + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
-        fn.restype = ctypes.c_int
-        self._fn = fn
-        softmax = library.relayrl_softmax_bf16
-        softmax.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_int]
-        softmax.restype = ctypes.c_int
-        self._softmax = softmax
-        grad = library.relayrl_softmax_grad_bf16
-        grad.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        grad.restype = ctypes.c_int
-        self._softmax_grad = grad
-        norm = library.relayrl_rms_norm_bf16
-        norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float,
-                                                                        ctypes.c_int]
-        norm.restype = ctypes.c_int
-        self._rms_norm = norm
-        norm_grad = library.relayrl_rms_norm_grad_bf16
-        norm_grad.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 2 + [ctypes.c_int]
-        norm_grad.restype = ctypes.c_int
-        self._rms_norm_grad = norm_grad
-        swiglu = library.relayrl_swiglu_bf16
-        swiglu.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
-        swiglu.restype = ctypes.c_int
-        self._swiglu = swiglu
-        swiglu_grad = library.relayrl_swiglu_grad_bf16
-        swiglu_grad.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64, ctypes.c_int]
-        swiglu_grad.restype = ctypes.c_int
-        self._swiglu_grad = swiglu_grad
+        ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+
+        def bind(name: str, *argtypes: Any) -> Any:
+            fn = getattr(library, f"relayrl_{name}")
+            fn.argtypes, fn.restype = list(argtypes), i32
+            return fn
+
+        self._fn = bind("nt_product_bf16", ptr, i64, i64, ptr, i64, i64, i32, ptr,
+                        *[i64] * 6, ctypes.c_float, ptr, i32)
+        self._softmax = bind("softmax_bf16", *[ptr] * 3, *[i64] * 5, i32)
+        self._softmax_grad = bind("softmax_grad_bf16", *[ptr] * 5, *[i64] * 3, i32)
+        self._rms_norm = bind("rms_norm_bf16", *[ptr] * 4, i64, i64, ctypes.c_float, i32)
+        self._rms_norm_grad = bind("rms_norm_grad_bf16", *[ptr] * 7, i64, i64, i32)
+        self._swiglu = bind("swiglu_bf16", *[ptr] * 3, i64, i32)
+        self._swiglu_grad = bind("swiglu_grad_bf16", *[ptr] * 5, i64, i32)
 
     @staticmethod
     def _check_bf16(*tensors: torch.Tensor) -> None:
