@@ -92,3 +92,11 @@ def test_a_bf16_twin_of_the_fp32_head_gives_the_same_gradients(monkeypatch, chun
     h, w, t = inputs(4, 300, 16, torch.float32)
     with pytest.raises(ValueError, match="low_V_H"):
         head_logprobs(h, w, t, w.detach().half())
+
+
+def test_the_logits_gradient_is_built_where_the_probabilities_are():
+    # on CUDA a buffer made without a device would land on the CPU, beside GPU products
+    probs = torch.softmax(torch.randn(5, 300, device="meta"), -1)
+    out = head._logits_grad(probs, torch.zeros(5, dtype=torch.long, device="meta"),
+                            torch.ones(5, device="meta"), torch.bfloat16)
+    assert out.device.type == "meta" and out.dtype == torch.bfloat16

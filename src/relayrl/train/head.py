@@ -94,7 +94,8 @@ def _logits_grad(probs_N_V: torch.Tensor, targets_N: torch.Tensor, grad_N: torch
     """d logprob / d logits = onehot(target) - softmax, times `grad_N`, in `dtype`: built in the
     saved buffer, and cast a slice of rows at a time (one pass, not two, over fp32 [N, V])."""
     n, vocab = probs_N_V.shape
-    out_N_V = probs_N_V if dtype == probs_N_V.dtype else torch.empty(n, vocab, dtype=dtype)
+    out_N_V = probs_N_V if dtype == probs_N_V.dtype else torch.empty(
+        n, vocab, dtype=dtype, device=probs_N_V.device)
     step = max(1, CHUNK_BYTES // (4 * vocab))
     for start in range(0, n, step):
         rows = slice(start, min(n, start + step))
