@@ -48,20 +48,30 @@ PREFIX = 4
 LAYOUTS = {"pieces": ([5, 2, 7, 1], None), "stems": ([4, 5, 2, 3, 2, 3], [-1, 0, 0, -1, -1, 4])}
 
 
+def _heads(heads: int, tokens: int, g: torch.Generator, token_major: bool) -> torch.Tensor:
+    """A leaf `[1, heads, tokens, 8]`, laid out token by token in memory as a projection's
+    output viewed as heads is, or head by head."""
+    if token_major:
+        x = torch.randn(1, tokens, heads, 8, generator=g).transpose(1, 2)
+    else:
+        x = torch.randn(1, heads, tokens, 8, generator=g)
+    return x.requires_grad_()
+
+
+@pytest.mark.parametrize("token_major", [True, False], ids=["token-major", "head-major"])
 @pytest.mark.parametrize("split", [False, True], ids=["one-layout", "two-buckets"])
 @pytest.mark.parametrize("case", list(LAYOUTS))
 @pytest.mark.parametrize("prefix", [0, PREFIX])
 @pytest.mark.parametrize("grouped_mask", [True, False], ids=["cpu-kernel", "heads-repeated"])
 def test_unpadded_pieces_attend_as_their_own_rows_after_the_prefix_and_their_stem(
-        prefix, grouped_mask, case, split, monkeypatch):
+        prefix, grouped_mask, case, split, token_major, monkeypatch):
     # heads-repeated: the path taken where SDPA takes no mask with grouped heads (CUDA)
     monkeypatch.setattr(attention, "_masks_grouped_heads", lambda device: grouped_mask)
     pieces, stems = LAYOUTS[case]
     g = torch.Generator().manual_seed(1)
     s = sum(pieces)
-    q = torch.randn(1, 6, s, 8, generator=g, requires_grad=True)
-    k = torch.randn(1, 2, prefix + s, 8, generator=g, requires_grad=True)
-    v = torch.randn(1, 2, prefix + s, 8, generator=g, requires_grad=True)
+    q = _heads(6, s, g, token_major)
+    k, v = _heads(2, prefix + s, g, token_major), _heads(2, prefix + s, g, token_major)
     if split:  # by length, whatever it saves: a stem and its continuations may part
         layout = attention.buckets(pieces, prefix, torch.device("cpu"), stems, min_saving=0.0)
         assert isinstance(layout, tuple) and sorted(

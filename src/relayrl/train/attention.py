@@ -110,6 +110,36 @@ class Unpadded:
         return _bias(self.mask if self.mask is not None else _causal(self.longest,
                                                                       self.index_S.device))
 
+    @functools.cached_property
+    def query_tokens(self) -> torch.Tensor:
+        """`[rows, longest]`: the token (among the pieces' tokens) at each place of the rows;
+        padding takes token 0, which no real query sees, and so gets no gradient from it."""
+        tokens = torch.zeros(self.rows * self.longest, dtype=torch.long,
+                             device=self.index_S.device)
+        taken = (self.take_S if self.take_S is not None
+                 else torch.arange(self.index_S.numel(), device=tokens.device))
+        return tokens.index_copy_(0, self.index_S, taken).view(self.rows, self.longest)
+
+    @functools.cached_property
+    def key_tokens(self) -> torch.Tensor:
+        """`[rows, prefix + stem + longest]`: the key (among the prefix's and pieces' tokens)
+        at each key column of the rows: the prefix, the row's stem, its own."""
+        p, rows = self.prefix, self.rows
+        parts = [torch.arange(p, device=self.index_S.device).expand(rows, p)]
+        if self.stem:
+            assert self.stem_index is not None
+            parts.append(p + self.stem_index.view(rows, self.stem))
+        return torch.cat([*parts, p + self.query_tokens], 1)
+
+    def gather_index(self, tokens_R_C: torch.Tensor, heads: int, length: int,
+                     token_major: bool) -> torch.Tensor:
+        """`_gather_index` of these tokens, kept for the micro-batch's other layers."""
+        cache = self.__dict__.setdefault("_gathers", {})
+        key = (id(tokens_R_C), heads, length, token_major)
+        if key not in cache:
+            cache[key] = _gather_index(tokens_R_C, heads, length, token_major)
+        return cache[key]
+
     @classmethod
     def of(cls, pieces: Sequence[int], prefix: int, device: torch.device,
            stems: Sequence[int] | None = None, only: Sequence[int] | None = None) -> Unpadded:
@@ -166,62 +196,97 @@ def buckets(pieces: Sequence[int], prefix: int, device: torch.device,
             Unpadded.of(pieces, prefix, device, stems, sorted(order[cut:])))
 
 
-def _as_rows(x_1_H_S_D: torch.Tensor, layout: Unpadded) -> torch.Tensor:
-    """`[1, H, S, D]` of the pieces end to end as `[rows, H, longest, D]`, zero-padded."""
-    _, h, _, d = x_1_H_S_D.shape
-    flat_S_H_D = x_1_H_S_D[0].transpose(0, 1)
-    rows_R_H_D = flat_S_H_D.new_zeros(layout.rows * layout.longest, h, d)
-    return (rows_R_H_D.index_copy(0, layout.index_S, flat_S_H_D)
-            .view(layout.rows, layout.longest, h, d).transpose(1, 2))
+def _token_rows(x_1_H_N_D: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """`[1, H, N, D]` as a `[N * H, D]` or `[H * N, D]` matrix of its memory (a view where it
+    can be), and whether it is token-major (projections' outputs viewed as heads are)."""
+    x_H_N_D = x_1_H_N_D[0]
+    token_major = x_H_N_D.stride(1) > x_H_N_D.stride(0)
+    flat = x_H_N_D.transpose(0, 1) if token_major else x_H_N_D
+    return flat.reshape(-1, x_H_N_D.shape[-1]), token_major
 
 
-def _taken(x_1_H_S_D: torch.Tensor, layout: Unpadded) -> torch.Tensor:
-    """The tokens of the layout's pieces among all pieces' tokens `[1, H, S, D]`."""
-    return x_1_H_S_D if layout.take_S is None else x_1_H_S_D.index_select(2, layout.take_S)
+def _gather_index(tokens_R_C: torch.Tensor, heads: int, length: int,
+                  token_major: bool) -> torch.Tensor:
+    """Rows of a `_token_rows` matrix that lay out `[R, heads, C, D]` from the tokens
+    `tokens_R_C` (each row's tokens, in order) of a tensor `length` tokens long."""
+    rows, width = tokens_R_C.shape
+    head_1_H_1 = torch.arange(heads, device=tokens_R_C.device).view(1, heads, 1)
+    tok_R_1_C = tokens_R_C.view(rows, 1, width)
+    index = tok_R_1_C * heads + head_1_H_1 if token_major else head_1_H_1 * length + tok_R_1_C
+    return index.reshape(-1)
 
 
-def _keys(x_1_H_S_D: torch.Tensor, layout: Unpadded) -> torch.Tensor:
-    """Keys or values `[1, H, prefix + S, D]` as each row sees them: `[rows, H, K, D]`, the
-    prefix's (a view per row, copied once by the cat), its stem's, then its own."""
-    p, rows = layout.prefix, layout.rows
-    parts = [x_1_H_S_D[:, :, :p].expand(rows, -1, -1, -1)] if p else []
-    if layout.stem:
-        _, h, _, d = x_1_H_S_D.shape
-        flat_S_H_D = x_1_H_S_D[0, :, p:].transpose(0, 1)
-        parts.append(flat_S_H_D.index_select(0, layout.stem_index)
-                     .view(rows, layout.stem, h, d).transpose(1, 2))
-    own = _as_rows(_taken(x_1_H_S_D[:, :, p:], layout), layout)
-    return torch.cat([*parts, own], 2) if parts else own
+def _laid_out(x_1_H_N_D: torch.Tensor, layout: Unpadded, tokens_R_C: torch.Tensor
+              ) -> torch.Tensor:
+    """`x`'s tokens `tokens_R_C` as `[R, H, C, D]`: one gather, whose backward is one scatter
+    (torch's CPU scatter sums a bf16 row's many gradients, a prefix key's, without rounding
+    after each)."""
+    _, heads, length, dim = x_1_H_N_D.shape
+    flat, token_major = _token_rows(x_1_H_N_D)
+    index = layout.gather_index(tokens_R_C, heads, length, token_major)
+    return flat.index_select(0, index).view(tokens_R_C.shape[0], heads, -1, dim)
+
+
+def _output_rows(parts: tuple[Unpadded, ...], heads: int) -> torch.Tensor:
+    """`[S * heads]`: for each token of the pieces and head, in that order, its row among the
+    parts' attention outputs `[rows, heads, longest, D]` put end to end (kept per micro-batch)."""
+    cache = parts[0].__dict__.setdefault("_outputs", {})
+    key = (tuple(id(part) for part in parts), heads)
+    if key in cache:
+        return cache[key]
+    tokens = sum(part.index_S.numel() for part in parts)
+    index_S_H = torch.empty(tokens, heads, dtype=torch.long, device=parts[0].index_S.device)
+    offset = 0
+    for part in parts:
+        row, place = part.index_S // part.longest, part.index_S % part.longest
+        rows_S_H = (offset + (row * heads)[:, None] * part.longest
+                    + torch.arange(heads, device=row.device)[None] * part.longest + place[:, None])
+        taken = (part.take_S if part.take_S is not None
+                 else torch.arange(part.index_S.numel(), device=row.device))
+        index_S_H[taken] = rows_S_H
+        offset += part.rows * heads * part.longest
+    cache[key] = index_S_H.view(-1)
+    return cache[key]
 
 
 def unpadded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        layout: Unpadded | tuple[Unpadded, ...], scaling: float | None
                        ) -> torch.Tensor:
     """Attention of an unpadded micro-batch's queries `[1, Hq, S, D]` over its keys and
-    values `[1, Hk, prefix + S, D]`, as `[1, S, Hq, D]`; one attention call per layout (bucket)."""
+    values `[1, Hk, prefix + S, D]`, as `[1, S, Hq, D]`; one attention call per layout (bucket).
+
+    Each layout's rows of q, k and v are one gather each (`Unpadded.query_tokens`,
+    `key_tokens`), and the outputs of all layouts go back to token order in one more
+    (`_output_rows`): on the main job's shapes one layer's attention, forward and backward,
+    took 1.10-1.19x less time than with a zero fill, a copy and a concatenation per tensor and
+    layout (the update 1.02-1.05x; benchmarks/RESULTS.md).
+    """
     dtype = query.dtype
     if _upcast(query) and not MATMUL_ON_CPU:  # once for every bucket
         query, key, value = query.float(), key.float(), value.float()
-    if isinstance(layout, tuple):  # the buckets' tokens back in the pieces' order
-        outs = [unpadded_attention(query, key, value, part, scaling) for part in layout]
-        taken_S = torch.cat([part.take_S for part in layout if part.take_S is not None])
-        return torch.cat(outs, 1).index_select(1, torch.argsort(taken_S)).to(dtype)
-    q = _as_rows(_taken(query, layout), layout)
-    k, v = _keys(key, layout), _keys(value, layout)
-    if _matmul(q, k.shape[2]):
-        out = _MatmulAttention.apply(q, k, v, layout.bias, scaling or q.shape[-1] ** -0.5)
-    else:
-        if _upcast(q):
-            q, k, v = q.float(), k.float(), v.float()
-        grouped = _grouped(q, k)
-        if grouped and not _masks_grouped_heads(q.device):
-            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-            grouped = False
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask, scale=scaling,
-                                             is_causal=layout.mask is None, enable_gqa=grouped)
-    hq, d = out.shape[1], out.shape[3]
-    return out.transpose(1, 2).reshape(-1, hq, d).index_select(0, layout.index_S)[None].to(dtype)
+    parts = layout if isinstance(layout, tuple) else (layout,)
+    outs = []
+    for part in parts:
+        q = _laid_out(query, part, part.query_tokens)
+        k, v = _laid_out(key, part, part.key_tokens), _laid_out(value, part, part.key_tokens)
+        if _matmul(q, k.shape[2]):
+            out = _MatmulAttention.apply(q, k, v, part.bias, scaling or q.shape[-1] ** -0.5)
+        else:
+            if _upcast(q):
+                q, k, v = q.float(), k.float(), v.float()
+            grouped = _grouped(q, k)
+            if grouped and not _masks_grouped_heads(q.device):
+                k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+                v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+                grouped = False
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=part.mask, scale=scaling,
+                                                 is_causal=part.mask is None,
+                                                 enable_gqa=grouped).contiguous()
+        outs.append(out.view(-1, out.shape[-1]))
+    heads, dim = query.shape[1], query.shape[3]
+    flat = outs[0] if len(outs) == 1 else torch.cat(outs)
+    index = _output_rows(parts, heads)
+    return flat.index_select(0, index).view(1, -1, heads, dim).to(dtype)
 
 
 def sdpa_gqa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
