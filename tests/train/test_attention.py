@@ -108,6 +108,34 @@ def test_unpadded_pieces_attend_as_their_own_rows_after_the_prefix_and_their_ste
         torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
 
 
+def test_keys_many_rows_take_sum_their_gradients_in_fp32_off_the_cpu():
+    # CUDA's scatter adds in bf16 (a rounding per row taking the key); torch's CPU one sums in
+    # fp32, so only reduced-precision tensors off the CPU take the widening gather.
+    names = {}
+    for device in ("meta", "cpu"):
+        layout = attention.Unpadded.of([3, 2], 2, torch.device(device))
+        for dtype in (torch.bfloat16, torch.float32):
+            key = torch.zeros(1, 2, 7, 16, dtype=dtype, device=device, requires_grad=True)
+            rows = attention._laid_out(key, layout, layout.key_tokens, repeated=True)
+            assert rows.shape == (2, 2, 2 + 3, 16)
+            names[device, dtype] = type(rows.grad_fn.next_functions[0][0]).__name__  # under the view
+    assert names["meta", torch.bfloat16] == "_WideGatherBackward"
+    assert {names["meta", torch.float32], names["cpu", torch.bfloat16],
+            names["cpu", torch.float32]} == {"IndexSelectBackward0"}
+    # 300 rows take row 0 after a 1: a bf16 running sum stays at 1, the fp32 one reaches 1.3
+    flat = torch.zeros(2, 16, dtype=torch.bfloat16, requires_grad=True)
+    index = torch.tensor([0] * 301 + [1])
+    gathered = attention._WideGather.apply(flat, index)
+    assert torch.equal(gathered, flat.detach().index_select(0, index))
+    grad = torch.full(gathered.shape, 0.001, dtype=torch.bfloat16)
+    grad[0] = 1.0
+    gathered.backward(grad)
+    exact = grad[:301].double().sum(0)
+    assert flat.grad.dtype == torch.bfloat16
+    assert torch.equal(flat.grad[0], exact.to(torch.bfloat16)) and flat.grad[0, 0] > 1.25
+    assert torch.equal(flat.grad[1], grad[301])
+
+
 def _bf16_case(unpadded: bool, scale: float = 1.0, dim: int = 16
                ) -> tuple[tuple[torch.Tensor, ...], Any]:
     """bf16 q, k, v (with grad) and a function running `sdpa_gqa` on them: over unpadded pieces

@@ -216,15 +216,43 @@ def _gather_index(tokens_R_C: torch.Tensor, heads: int, length: int,
     return index.reshape(-1)
 
 
-def _laid_out(x_1_H_N_D: torch.Tensor, layout: Unpadded, tokens_R_C: torch.Tensor
-              ) -> torch.Tensor:
-    """`x`'s tokens `tokens_R_C` as `[R, H, C, D]`: one gather, whose backward is one scatter
-    (torch's CPU scatter sums a bf16 row's many gradients, a prefix key's, without rounding
-    after each)."""
+def _laid_out(x_1_H_N_D: torch.Tensor, layout: Unpadded, tokens_R_C: torch.Tensor,
+              repeated: bool = False) -> torch.Tensor:
+    """`x`'s tokens `tokens_R_C` as `[R, H, C, D]`: one gather, whose backward is one scatter.
+
+    `repeated`: tokens taken by many rows (a prefix key by every row), whose gradients must be
+    summed before rounding. torch's CPU scatter does (it sums in fp32); CUDA's adds each one
+    atomically in the tensor's dtype, so reduced-precision tensors off the CPU go through
+    `_WideGather`.
+    """
     _, heads, length, dim = x_1_H_N_D.shape
     flat, token_major = _token_rows(x_1_H_N_D)
     index = layout.gather_index(tokens_R_C, heads, length, token_major)
-    return flat.index_select(0, index).view(tokens_R_C.shape[0], heads, -1, dim)
+    if repeated and flat.device.type != "cpu" and flat.dtype in (torch.bfloat16, torch.float16):
+        rows = _WideGather.apply(flat, index)
+    else:
+        rows = flat.index_select(0, index)
+    return rows.view(tokens_R_C.shape[0], heads, -1, dim)
+
+
+class _WideGather(torch.autograd.Function):
+    """`flat.index_select(0, index)` whose backward sums each row's gradients in fp32 and
+    rounds once."""
+
+    @staticmethod
+    def forward(ctx: Any, flat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """The rows `index` of `flat`."""
+        ctx.save_for_backward(index)
+        ctx.source = (flat.shape, flat.dtype)
+        return flat.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """The gradient of `flat` (none for the index)."""
+        (index,) = ctx.saved_tensors
+        shape, dtype = ctx.source
+        total = torch.zeros(shape, dtype=torch.float32, device=grad.device)
+        return total.index_add_(0, index, grad.float()).to(dtype), None
 
 
 def _output_rows(parts: tuple[Unpadded, ...], heads: int) -> torch.Tensor:
@@ -268,7 +296,8 @@ def unpadded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     outs = []
     for part in parts:
         q = _laid_out(query, part, part.query_tokens)
-        k, v = _laid_out(key, part, part.key_tokens), _laid_out(value, part, part.key_tokens)
+        k = _laid_out(key, part, part.key_tokens, repeated=True)
+        v = _laid_out(value, part, part.key_tokens, repeated=True)
         if _matmul(q, k.shape[2]):
             out = _MatmulAttention.apply(q, k, v, part.bias, scaling or q.shape[-1] ** -0.5)
         else:
