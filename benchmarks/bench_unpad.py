@@ -10,8 +10,8 @@ attention as bf16 products on a CPU with bf16 units), `unpad, no stems` (the sam
 running its question itself, as before stems), `unpad, one layout` (every piece padded to the
 longest, as before `attention.buckets`), `pad` (the default before it: rows padded to the
 micro-batch's bucketed length) and `issue 14` (the update as issue 14 found it: bench_train's
-`ISSUE_14` arm); on a CPU with bf16 units, `unpad, unfused norms and MLPs` (RMSNorm and SwiGLU
-as torch's ops, as before `relayrl.train.fused`), `unpad, no train kernels` (also the scores and
+`ISSUE_14` arm); on a CPU with bf16 units, `unpad, unfused norms, MLPs, rotary` (RMSNorm, SwiGLU
+and the rotary embedding as torch's ops, as before `relayrl.train.fused`), `unpad, no train kernels` (also the scores and
 the output head's logits as fp32 products of upcast copies and torch's softmax, as before
 `engine/csrc/train_kernels.c`), `unpad, fp32 flash attention` (torch's SDPA in fp32 as well, as
 before `attention.MATMUL_ON_CPU`) and `unpad, bf16 flash attention` (SDPA in bf16, as before
@@ -74,7 +74,7 @@ def patched(update: Callable[[], dict[str, float]], train_kernels: bool = True,
             fused_modules: bool = True, **switches: object) -> Callable[[], dict[str, float]]:
     """`update` with `relayrl.train.attention`'s module switches set to these values, without
     the trainer's kernels (`train_kernels=False`: fp32 products of upcast copies and torch's ops,
-    as before them), or with only the RMSNorms and MLPs back on torch's ops
+    as before them), or with only the RMSNorms, MLPs and rotary embedding back on torch's ops
     (`fused_modules=False`)."""
 
     def run() -> dict[str, float]:
@@ -124,8 +124,8 @@ def main() -> None:
         ISSUE_14: former_kernels(path, filed_cfg, unfused_adamw=True)(agents),
     }
     if unpad.bf16:
-        arms["unpad, unfused norms and MLPs"] = patched(update_fn(unpad, agents, unpad_cfg),
-                                                        fused_modules=False)
+        arms["unpad, unfused norms, MLPs, rotary"] = patched(
+            update_fn(unpad, agents, unpad_cfg), fused_modules=False)
         arms["unpad, no train kernels"] = patched(update_fn(unpad, agents, unpad_cfg), train_kernels=False)
         arms["unpad, fp32 flash attention"] = patched(update_fn(unpad, agents, unpad_cfg),
                                                       train_kernels=False, MATMUL_ON_CPU=False)

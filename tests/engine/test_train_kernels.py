@@ -147,3 +147,17 @@ def test_norm_and_swiglu_operands_the_kernels_do_not_take_are_refused(nt: TrainK
         nt.swiglu(torch.zeros(4, 32).bfloat16().t(), torch.zeros(32, 4).bfloat16())
     with pytest.raises(ValueError, match="differ"):
         nt.swiglu(torch.zeros(4).bfloat16(), torch.zeros(5).bfloat16())
+
+
+def test_rotary_operands_the_kernel_does_not_take_are_refused(nt: TrainKernels) -> None:
+    x, cos = torch.zeros(1, 2, 5, 64).bfloat16(), torch.zeros(1, 5, 64).bfloat16()
+    assert nt.rotary(x, cos, cos).shape == x.shape
+    for bad_x, bad_cos in ((torch.zeros(1, 2, 5, 48).bfloat16(), torch.zeros(1, 5, 48).bfloat16()),
+                           (x.float(), cos.float()),  # fp32
+                           (x, torch.zeros(1, 6, 64).bfloat16()),  # positions for 6 tokens
+                           (x, torch.zeros(2, 5, 64).bfloat16()),  # two rows of positions, one row
+                           (x.transpose(2, 3), cos)):  # D not contiguous
+        with pytest.raises(ValueError, match="cannot rotate"):
+            nt.rotary(bad_x, bad_cos, bad_cos)
+    with pytest.raises(ValueError, match="x's shape"):
+        nt.rotary(x, cos, cos, out=torch.empty(1, 2, 5, 32).bfloat16())

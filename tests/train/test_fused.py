@@ -1,4 +1,5 @@
-"""The one-pass RMSNorm and SwiGLU (`relayrl.train.fused`) against the modules they replace.
+"""The one-pass RMSNorm, SwiGLU and rotary embedding (`relayrl.train.fused`) against the modules
+and function they replace.
 
 Tolerances. The kernels round where the modules' bf16 ops round, so forward outputs equal the
 modules' own but where an exp or a sum lands a hair apart and a rounding goes the other way: at
@@ -15,6 +16,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from transformers import LlamaConfig, Qwen2Config
+from transformers.models.llama import modeling_llama
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm
 
@@ -128,6 +130,73 @@ def test_the_swiglu_kernel_rounds_as_torchs_two_ops(kernels: TrainKernels) -> No
     assert bool(torch.isfinite(d_gate).all()) and torch.equal(d_up, out)
 
 
+HF_ROTARY = getattr(modeling_llama.apply_rotary_pos_emb, "__wrapped__",
+                    modeling_llama.apply_rotary_pos_emb)
+"""transformers' own function (an actor made earlier in the session has wrapped it)."""
+
+
+def rotary_case(batch: int, length: int, dim: int, token_major: bool, rows_of_positions: int,
+                dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, ...]:
+    """q `[batch, 6, length, dim]` and k (2 heads) with grad, laid out token by token as
+    projections' outputs are or head by head; Llama's cos and sin for `rows_of_positions` rows."""
+    def heads(count: int) -> torch.Tensor:
+        shape = (batch, length, count, dim) if token_major else (batch, count, length, dim)
+        x = torch.randn(shape).to(dtype)
+        return (x.transpose(1, 2) if token_major else x).requires_grad_()
+
+    positions = torch.arange(length)[None] + 7 * torch.arange(rows_of_positions)[:, None]
+    freqs = positions[..., None].float() / 10000 ** (torch.arange(0, dim, 2).float() / dim)
+    angles = torch.cat([freqs, freqs], -1)
+    return heads(6), heads(2), angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotary_outputs(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]], q: torch.Tensor,
+                   k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   **kwargs: object) -> tuple[torch.Tensor, ...]:
+    """`fn`'s rotated q and k, and the gradients of q and k from fixed random ones."""
+    q.grad = k.grad = None
+    q_out, k_out = fn(q, k, cos, sin, **kwargs)
+    g = torch.Generator().manual_seed(9)
+    loss = sum((out.float() * torch.randn(out.shape, generator=g)).sum() for out in (q_out, k_out))
+    loss.backward()
+    return q_out.detach(), k_out.detach(), q.grad, k.grad
+
+
+@pytest.mark.parametrize("token_major", [True, False], ids=["token-major", "head-major"])
+@pytest.mark.parametrize(("batch", "rows_of_positions", "dim"),
+                         [(1, 1, 64), (3, 3, 64), (2, 1, 32)])
+def test_rotary_equals_transformers_bit_for_bit_forward_and_backward(
+        kernels: TrainKernels, token_major: bool, batch: int, rows_of_positions: int,
+        dim: int) -> None:
+    torch.manual_seed(6)
+    q, k, cos, sin = rotary_case(batch, 37, dim, token_major, rows_of_positions)
+    want = rotary_outputs(HF_ROTARY, q, k, cos, sin)
+    got = rotary_outputs(fused.rotary(HF_ROTARY), q, k, cos, sin)
+    for mine, theirs in zip(got, want, strict=True):
+        assert torch.equal(mine, theirs)
+        assert mine.stride() == theirs.stride()  # laid out alike: no copy downstream
+    assert type(fused.rotary(HF_ROTARY)(q, k, cos, sin)[0].grad_fn).__name__ == "_RotaryBackward"
+
+
+def test_rotary_hands_what_the_kernel_does_not_take_to_transformers(
+        kernels: TrainKernels, monkeypatch: pytest.MonkeyPatch) -> None:
+    wrapped = fused.rotary(HF_ROTARY)
+    assert fused.rotary(wrapped) is wrapped  # wrapped once, however many actors fuse
+    cases = {"fp32": (rotary_case(1, 9, 64, True, 1, torch.float32), {}),
+             "head_dim 16": (rotary_case(1, 9, 16, True, 1), {}),
+             "unsqueeze_dim 2": (rotary_case(1, 9, 64, False, 1), {"unsqueeze_dim": 2})}
+    for tensors, kwargs in cases.values():
+        if "unsqueeze_dim" in kwargs:  # q, k as [batch, length, heads, dim]
+            tensors = tuple(t.detach().transpose(1, 2).contiguous().requires_grad_()
+                            if t.dim() == 4 else t for t in tensors)
+        got, want = (rotary_outputs(fn, *tensors, **kwargs) for fn in (wrapped, HF_ROTARY))
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        assert type(wrapped(*tensors, **kwargs)[0].grad_fn).__name__ != "_RotaryBackward"
+    q, k, cos, sin = rotary_case(1, 9, 64, True, 1)
+    monkeypatch.setattr(fused, "ENABLED", False)
+    assert type(wrapped(q, k, cos, sin)[0].grad_fn).__name__ != "_RotaryBackward"
+
+
 def test_anything_the_kernels_do_not_take_runs_the_modules_own_forward(
         kernels: TrainKernels, monkeypatch: pytest.MonkeyPatch) -> None:
     module, twin = norm_pair(LlamaRMSNorm, 24, seed=0)  # 24: not a multiple of 16
@@ -180,6 +249,7 @@ def test_the_actors_bf16_copy_is_fused_and_its_update_matches_the_unfused_one(
     assert all("forward" in vars(layer.mlp) and "forward" in vars(layer.input_layernorm)
                for layer in layers)
     assert not any("forward" in vars(m) for m in actor.model.modules())  # the master is as loaded
+    assert getattr(modeling_llama.apply_rotary_pos_emb, "relayrl_fused", False)
     batch = random_batch([30, 21, 12], vocab=actor.model.config.vocab_size, seed=4)
     with_kernels = step_gradient(tiny_llama_dir, config, batch)
     monkeypatch.setattr(fused, "ENABLED", False)

@@ -135,6 +135,7 @@ class TrainKernels:
         self._rms_norm_grad = bind("rms_norm_grad_bf16", *[ptr] * 7, i64, i64, i32)
         self._swiglu = bind("swiglu_bf16", *[ptr] * 3, i64, i32)
         self._swiglu_grad = bind("swiglu_grad_bf16", *[ptr] * 5, i64, i32)
+        self._rotary = bind("rotary_bf16", *[ptr] * 4, *[i64] * 12, i32, i32)
 
     @staticmethod
     def _check_bf16(*tensors: torch.Tensor) -> None:
@@ -205,6 +206,37 @@ class TrainKernels:
         if code != 0:
             raise RuntimeError(f"SwiGLU gradient kernel refused these shapes (code {code})")
         return d_gate, d_up
+
+    @staticmethod
+    def rotary_supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+        """Whether `rotary` takes these: bf16 on CPU, x `[B, H, S, D]` and cos, sin `[B or 1,
+        S, D]` alike, each with its last dimension contiguous, D a multiple of 32."""
+        return (all(t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.dim() > 0
+                    and t.stride(-1) == 1 for t in (x, cos, sin))
+                and x.dim() == 4 and cos.dim() == 3 and x.shape[-1] % 32 == 0
+                and cos.shape == sin.shape and cos.stride() == sin.stride()
+                and cos.shape[1:] == x.shape[2:] and cos.shape[0] in (1, x.shape[0]))
+
+    def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               backward: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+        """transformers' `x * cos + rotate_half(x) * sin` of bf16 `x` `[B, H, S, D]` (cos and sin
+        `[B or 1, S, D]`), rounded as its ops round; `backward`: the gradient of `x` from that of
+        the output, `x`. Written into `out` (x's shape, D contiguous; default: laid out as x)."""
+        if not self.rotary_supports(x, cos, sin):
+            raise ValueError(f"cannot rotate {x.dtype} {list(x.shape)} by {cos.dtype} "
+                             f"{list(cos.shape)} (bf16 on CPU, D a multiple of 32)")
+        y = torch.empty_like(x) if out is None else out
+        if (y.shape != x.shape or y.dtype != torch.bfloat16 or y.device.type != "cpu"
+                or y.stride(-1) != 1):
+            raise ValueError("the output must be bf16 on CPU of x's shape, D contiguous")
+        batch, heads, length, dim = x.shape
+        cb = cos.stride(0) if cos.shape[0] > 1 else 0
+        code = self._rotary(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), y.data_ptr(), batch,
+                            heads, length, dim, *x.stride()[:3], *y.stride()[:3], cb,
+                            cos.stride(1), int(backward), torch.get_num_threads())
+        if code != 0:
+            raise RuntimeError(f"rotary kernel refused these shapes (code {code})")
+        return y
 
     def softmax(self, scores: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """bf16 `softmax(scores + bias, -1)` of fp32 `scores` `[R, heads, L, K]`, fp32 inside,

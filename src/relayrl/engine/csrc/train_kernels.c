@@ -249,6 +249,45 @@ int relayrl_swiglu_grad_bf16(const uint16_t *d, const uint16_t *gate, const uint
     return 0;
 }
 
+/* Rotary embedding as transformers' apply_rotary_pos_emb writes it, rounding where its bf16 ops
+ * round: y = bf16(bf16(x * cos) + bf16(rotate_half(x) * sin)), rotate_half(x) = [-x2, x1].
+ * With `backward`, x is the output's gradient g and y = bf16(bf16(g * cos) + bf16(g * sin)
+ * rotated back: [u2, -u1]), which is what autograd sums (one non-zero term from each path).
+ * x and y are [B, H, S, D] with the given strides in elements (D contiguous), cos and sin
+ * [B or 1, S, D] (batch stride cb, 0 for one row of positions; row stride cs); D a multiple
+ * of 32. */
+int relayrl_rotary_bf16(const uint16_t *x, const uint16_t *cos, const uint16_t *sin, uint16_t *y,
+                        int64_t B, int64_t H, int64_t S, int64_t D, int64_t xb, int64_t xh,
+                        int64_t xs, int64_t yb, int64_t yh, int64_t ys, int64_t cb, int64_t cs,
+                        int backward, int threads) {
+    if (B < 0 || H < 0 || S < 0 || D <= 0 || D % 32) return 1;
+    const int64_t half = D / 2, rows = B * H * S;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows > 64)
+    for (int64_t n = 0; n < rows; n++) {
+        const int64_t b = n / (H * S), h = n / S % H, t = n % S;
+        const uint16_t *xi = x + b * xb + h * xh + t * xs;
+        const uint16_t *ci = cos + b * cb + t * cs, *si = sin + b * cb + t * cs;
+        uint16_t *yi = y + b * yb + h * yh + t * ys;
+        for (int64_t j = 0; j < half; j += 16) {
+            const __m512 x1 = load16_bf16(xi + j), x2 = load16_bf16(xi + half + j);
+            const __m512 c1 = load16_bf16(ci + j), c2 = load16_bf16(ci + half + j);
+            const __m512 s1 = load16_bf16(si + j), s2 = load16_bf16(si + half + j);
+            const __m512 a1 = round_bf16(_mm512_mul_ps(x1, c1)), a2 = round_bf16(_mm512_mul_ps(x2, c2));
+            __m512 y1, y2;
+            if (backward) { /* u = bf16(g * sin); dx = [bf16(g1 c1) + u2, bf16(g2 c2) - u1] */
+                y1 = _mm512_add_ps(a1, round_bf16(_mm512_mul_ps(x2, s2)));
+                y2 = _mm512_sub_ps(a2, round_bf16(_mm512_mul_ps(x1, s1)));
+            } else { /* [bf16(x1 c1) + bf16(-x2 s1), bf16(x2 c2) + bf16(x1 s2)] */
+                y1 = _mm512_sub_ps(a1, round_bf16(_mm512_mul_ps(x2, s1)));
+                y2 = _mm512_add_ps(a2, round_bf16(_mm512_mul_ps(x1, s2)));
+            }
+            store16_bf16(yi + j, y1);
+            store16_bf16(yi + half + j, y2);
+        }
+    }
+    return 0;
+}
+
 #define COLS 64
 #define ROWS 6
 
@@ -390,5 +429,6 @@ int relayrl_rms_norm_bf16(void) { return 2; }
 int relayrl_rms_norm_grad_bf16(void) { return 2; }
 int relayrl_swiglu_bf16(void) { return 2; }
 int relayrl_swiglu_grad_bf16(void) { return 2; }
+int relayrl_rotary_bf16(void) { return 2; }
 
 #endif
