@@ -167,8 +167,8 @@ def _silu(module: Any) -> bool:
 
 def fuse(model: torch.nn.Module) -> int:
     """Give `model`'s Llama-family RMSNorms and SiLU MLPs the one-pass forms, and its attention
-    modules' rotary embedding (their modeling module's function, process-wide); how many
-    modules."""
+    modules' rotary embedding (their modeling module's function, process-wide); how many norms
+    and MLPs took them."""
     count = 0
     for module in model.modules():
         name = type(module).__name__
