@@ -12,6 +12,7 @@ the bf16 modules' own autograd (the weight's gradient closer: its sums stay fp32
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,9 +24,10 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm
 from relayrl.engine.cpu_kernels import TrainKernels, train_kernels
 from relayrl.train import fused
 from relayrl.train.actor import Actor
+from relayrl.train.checkpoint import copy_tokenizer_files
 from relayrl.train.config import TrainConfig
 
-from .conftest import random_batch
+from .conftest import TINY, random_batch
 
 
 @pytest.fixture
@@ -256,3 +258,29 @@ def test_the_actors_bf16_copy_is_fused_and_its_update_matches_the_unfused_one(
     without = step_gradient(tiny_llama_dir, config, batch)
     # the same step but for bf16 roundings (measured 0.07% apart)
     assert rel(with_kernels, without) < 0.01
+
+
+def test_an_actor_with_32_wide_heads_rotates_with_the_kernel_and_the_same_numbers(
+        kernels: TrainKernels, model_dir: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The tiny test models' 16-wide heads take transformers' own rotary; 2 heads of 32 take ours.
+    torch.manual_seed(0)
+    path = str(tmp_path)
+    modeling_llama.LlamaForCausalLM(LlamaConfig(
+        vocab_size=512, tie_word_embeddings=True,
+        **{**TINY, "num_attention_heads": 2, "num_key_value_heads": 1})).save_pretrained(path)
+    copy_tokenizer_files(model_dir, path)
+    config = TrainConfig(bf16=True, grad_clip=0.0)
+    batch = random_batch([30, 21, 12], vocab=512, seed=4)
+    calls = []
+    rotate = fused._Rotary.apply
+    monkeypatch.setattr(fused._Rotary, "apply", lambda *a: calls.append(1) or rotate(*a))
+    with_kernel = step_gradient(path, config, batch)
+    assert calls  # the wrapper took the kernel during the update
+    assert getattr(modeling_llama.apply_rotary_pos_emb, "relayrl_fused", False)
+    # transformers' own function in its place: the same gradient, bit for bit
+    monkeypatch.setattr(fused, "rotary", lambda original: HF_ROTARY)
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", HF_ROTARY)
+    calls.clear()
+    without = step_gradient(path, config, batch)
+    assert not calls and torch.equal(with_kernel, without)
