@@ -116,7 +116,7 @@ def test_keys_many_rows_take_sum_their_gradients_in_fp32_off_the_cpu():
         layout = attention.Unpadded.of([3, 2], 2, torch.device(device))
         for dtype in (torch.bfloat16, torch.float32):
             key = torch.zeros(1, 2, 7, 16, dtype=dtype, device=device, requires_grad=True)
-            rows = attention._laid_out(key, layout, layout.key_tokens, repeated=True)
+            rows = attention._laid_out(key, layout, keys=True)
             assert rows.shape == (2, 2, 2 + 3, 16)
             names[device, dtype] = type(rows.grad_fn.next_functions[0][0]).__name__  # under the view
     assert names["meta", torch.bfloat16] == "_WideGatherBackward"

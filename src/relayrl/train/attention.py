@@ -131,12 +131,14 @@ class Unpadded:
             parts.append(p + self.stem_index.view(rows, self.stem))
         return torch.cat([*parts, p + self.query_tokens], 1)
 
-    def gather_index(self, tokens_R_C: torch.Tensor, heads: int, length: int,
+    def gather_index(self, keys: bool, heads: int, length: int,
                      token_major: bool) -> torch.Tensor:
-        """`_gather_index` of these tokens, kept for the micro-batch's other layers."""
+        """`_gather_index` of `key_tokens` (`keys`) or `query_tokens`, kept for the micro-batch's
+        other layers."""
         cache = self.__dict__.setdefault("_gathers", {})
-        key = (id(tokens_R_C), heads, length, token_major)
+        key = (keys, heads, length, token_major)
         if key not in cache:
+            tokens_R_C = self.key_tokens if keys else self.query_tokens
             cache[key] = _gather_index(tokens_R_C, heads, length, token_major)
         return cache[key]
 
@@ -216,23 +218,23 @@ def _gather_index(tokens_R_C: torch.Tensor, heads: int, length: int,
     return index.reshape(-1)
 
 
-def _laid_out(x_1_H_N_D: torch.Tensor, layout: Unpadded, tokens_R_C: torch.Tensor,
-              repeated: bool = False) -> torch.Tensor:
-    """`x`'s tokens `tokens_R_C` as `[R, H, C, D]`: one gather, whose backward is one scatter.
+def _laid_out(x_1_H_N_D: torch.Tensor, layout: Unpadded, keys: bool) -> torch.Tensor:
+    """The layout's rows of queries `x` (`query_tokens`) or of keys or values (`keys`:
+    `key_tokens`) as `[rows, H, C, D]`: one gather, whose backward is one scatter.
 
-    `repeated`: tokens taken by many rows (a prefix key by every row), whose gradients must be
-    summed before rounding. torch's CPU scatter does (it sums in fp32); CUDA's adds each one
-    atomically in the tensor's dtype, so reduced-precision tensors off the CPU go through
+    A key is taken by many rows (a prefix key by every row), and its gradients must be summed
+    before rounding. torch's CPU scatter does (it sums in fp32); CUDA's adds each one atomically
+    in the tensor's dtype, so reduced-precision keys and values off the CPU go through
     `_WideGather`.
     """
     _, heads, length, dim = x_1_H_N_D.shape
     flat, token_major = _token_rows(x_1_H_N_D)
-    index = layout.gather_index(tokens_R_C, heads, length, token_major)
-    if repeated and flat.device.type != "cpu" and flat.dtype in (torch.bfloat16, torch.float16):
+    index = layout.gather_index(keys, heads, length, token_major)
+    if keys and flat.device.type != "cpu" and flat.dtype in (torch.bfloat16, torch.float16):
         rows = _WideGather.apply(flat, index)
     else:
         rows = flat.index_select(0, index)
-    return rows.view(tokens_R_C.shape[0], heads, -1, dim)
+    return rows.view(layout.rows, heads, -1, dim)
 
 
 class _WideGather(torch.autograd.Function):
@@ -295,9 +297,8 @@ def unpadded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     parts = layout if isinstance(layout, tuple) else (layout,)
     outs = []
     for part in parts:
-        q = _laid_out(query, part, part.query_tokens)
-        k = _laid_out(key, part, part.key_tokens, repeated=True)
-        v = _laid_out(value, part, part.key_tokens, repeated=True)
+        q = _laid_out(query, part, keys=False)
+        k, v = _laid_out(key, part, keys=True), _laid_out(value, part, keys=True)
         if _matmul(q, k.shape[2]):
             out = _MatmulAttention.apply(q, k, v, part.bias, scaling or q.shape[-1] ** -0.5)
         else:
