@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 from openai import OpenAI
 
 from tests.gateway.conftest import Gateway
@@ -135,3 +136,12 @@ def test_no_max_output_tokens_leaves_the_reply_the_whole_context(gw: Gateway) ->
     assert r["status"] == "completed"
     assert r["usage"]["output_tokens"] > 1024
     assert r["max_output_tokens"] is not None and r["max_output_tokens"] > 8000
+
+
+def test_a_base_url_answers_a_reachability_check(gw: Gateway) -> None:
+    s = gw.start_session()
+    with httpx.Client() as c:
+        for url in (gw.url + "/", s["base_url"].removesuffix("/v1"),
+                    s["base_url"].removesuffix("/v1") + "/"):
+            assert c.head(url).status_code == 200, url
+            assert c.get(url).json()["status"] == "ok"
