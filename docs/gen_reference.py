@@ -20,6 +20,7 @@ import ast
 import contextlib
 import dataclasses
 import enum
+import html
 import inspect
 import io
 import json
@@ -103,6 +104,11 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _code(text: str) -> str:
+    """Inline code for a table cell (a `|` inside backticks would show its escape)."""
+    return "<code>" + html.escape(text).replace("|", "&#124;").replace("\n", " ") + "</code>"
+
+
 def config_rows(cls: type, prefix: str = "") -> Iterator[tuple[str, type, list[str]]]:
     """(section, class, table rows) for `cls` and every dataclass nested in it, depth first."""
     hints = typing.get_type_hints(cls)
@@ -118,7 +124,7 @@ def config_rows(cls: type, prefix: str = "") -> Iterator[tuple[str, type, list[s
             rows.append(f"| `{key}` | section | | {_cell(meaning)} "
                         f"([below](#{key.replace('.', '')})) |")
             continue
-        rows.append(f"| `{key}` | `{_cell(_annotation(cls, f.name))}` | `{_cell(_default(f))}` "
+        rows.append(f"| `{key}` | {_code(_annotation(cls, f.name))} | {_code(_default(f))} "
                     f"| {_cell(docs.get(f.name, ''))} |")
     yield prefix.rstrip("."), cls, rows
     for key, sub in nested:
@@ -194,10 +200,10 @@ def _options_table(parser: argparse.ArgumentParser) -> list[str]:
             metavar = action.metavar or action.dest.upper()
             name += " " + (" ".join(metavar) if isinstance(metavar, tuple) else metavar)
         default = "" if action.default in (None, argparse.SUPPRESS) or action.nargs == 0 \
-            else f"`{action.default}`"
+            else _code(str(action.default))
         if action.choices:
             name += " {" + ",".join(map(str, action.choices)) + "}"
-        rows.append(f"| `{_cell(name)}` | {_cell(default)} | {_cell(action.help or '')} |")
+        rows.append(f"| {_code(name)} | {default} | {_cell(action.help or '')} |")
     return rows
 
 
