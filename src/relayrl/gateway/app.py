@@ -270,6 +270,11 @@ async def messages(request: Request) -> Any:
     return await answer_completion(request, ANTHROPIC)
 
 
+async def root() -> dict[str, str]:
+    """The service's name: what a client's reachability check (`HEAD /`) is answered."""
+    return {"object": "relayrl.gateway", "status": "ok"}
+
+
 async def count_tokens(request: Request) -> JSONResponse:
     """Anthropic `count_tokens`: the prompt's length as this policy's template renders it."""
     request.state.wire = ANTHROPIC
@@ -436,6 +441,10 @@ def create_app(deps: GatewayDeps) -> FastAPI:
     app.add_route("/v1/messages", messages, methods=["POST"])
     app.add_route("/v1/messages/count_tokens", count_tokens, methods=["POST"])
     app.add_api_route("/v1/models", list_models, methods=["GET"])
+    # Clients check that a base URL answers before their first call (Claude Code sends
+    # `HEAD /` to ANTHROPIC_BASE_URL, which is a session's `/s/{key}`): a plain 200, no data
+    for path in ("/", "/s/{session_key}", "/s/{session_key}/"):
+        app.add_api_route(path, root, methods=["GET", "HEAD"])
     routes_rl.register(app)
     routes_rl_v1.register(app)
     app.mount("/view", viewer.for_gateway(deps))  # relayrl view: watch sessions live
