@@ -137,6 +137,40 @@ def _cmd_view(args: argparse.Namespace) -> int:
     return int(view_main(rest))
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from relayrl import __version__
+    from relayrl.trajectory.atif import session_to_atif
+    from relayrl.trajectory.export import export_session
+    from relayrl.trajectory.interchange import write_jsonl, write_parquet
+    from relayrl.trajectory.store import InteractionLog
+
+    if not Path(args.log).is_file():
+        print(f"relayrl export: no durable log at {args.log}", file=sys.stderr)
+        return 2
+    with InteractionLog(args.log) as log:
+        sessions = [s for s in log.recover(include_closed=True)
+                    if s.interactions and (not args.session or s.id in args.session)]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.format == "atif":
+        for s in sessions:
+            traj = session_to_atif(s, agent_name=args.agent_name, agent_version=__version__,
+                                   model_name=args.model_name)
+            (out / f"{s.id}.json").write_text(json.dumps(traj, ensure_ascii=False))
+        print(f"wrote {len(sessions)} ATIF trajectories to {out}")
+        return 0
+    # aborted sessions are never training data; the ATIF export above keeps them (state in extra)
+    rows = [r for s in sessions if str(s.state) != "aborted"
+            for r in export_session(s, style=args.style)]
+    writer = write_jsonl if args.format == "jsonl" else write_parquet
+    n = writer(rows, out / f"trajectories.{args.format}")
+    print(f"wrote {n} rows of {len(sessions)} sessions to {out}")
+    return 0
+
+
 def _cmd_chat(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -244,6 +278,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "serves the same page at /view); `relayrl view --help` lists its flags")
     vw.add_argument("args", nargs=argparse.REMAINDER)
     vw.set_defaults(func=_cmd_view)
+
+    ex = sub.add_parser("export", help="write recorded sessions from a gateway's durable log "
+                                       "(--log) as ATIF trajectories or training rows")
+    ex.add_argument("log", help="the SQLite durable log a gateway wrote (`relayrl gateway --log`)")
+    ex.add_argument("--format", choices=("atif", "jsonl", "parquet"), default="atif",
+                    help="atif: one ATIF v1.8 trajectory per session, tokens included; "
+                         "jsonl/parquet: relayrl's training rows")
+    ex.add_argument("--out", default="export", help="output directory")
+    ex.add_argument("--session", action="append", default=None,
+                    help="export only this session id (repeatable; default: all with calls)")
+    ex.add_argument("--style", default="concat", choices=("concat", "individual"),
+                    help="row style for jsonl/parquet")
+    ex.add_argument("--agent-name", default="relayrl-agent", help="ATIF agent.name")
+    ex.add_argument("--model-name", default=None, help="ATIF agent.model_name")
+    ex.set_defaults(func=_cmd_export)
 
     ch = sub.add_parser("chat", help="answer a prompt with a trained checkpoint")
     ch.add_argument("prompt")
