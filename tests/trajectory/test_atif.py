@@ -10,7 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from relayrl.chat.renderer import Renderer
 from relayrl.cli import main
+from relayrl.errors import InvalidRequest
+from relayrl.trajectory.atif import read_sft_rows
 from tests.gateway.conftest import fake_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,8 +50,9 @@ def recorded(model_dir: str, tmp_path: Path) -> tuple[Path, str]:
         chat(gw.url, key, [*user, {"role": "assistant", "content": "I think it rains."},
                            {"role": "user", "content": "Sure?"}])
         h = {"authorization": f"Bearer {key}"}
-        httpx.post(gw.url + "/rl/set_reward", json={"reward": 1.0}, headers=h).raise_for_status()
-        httpx.post(gw.url + "/rl/end_session", headers=h).raise_for_status()
+        httpx.post(gw.url + "/rl/set_reward", json={"reward": 1.0}, headers=h,
+                   timeout=60).raise_for_status()
+        httpx.post(gw.url + "/rl/end_session", headers=h, timeout=60).raise_for_status()
         session = gw.deps.store.get(s["session_id"])
         assert session.stats().segments == 2
         return log, s["session_id"]
@@ -116,3 +120,40 @@ def test_export_of_training_rows_from_the_same_log(recorded: tuple[Path, str],
     lines = (out / "trajectories.jsonl").read_text().splitlines()
     assert len(lines) == 2  # one row per segment
     assert main(["export", str(tmp_path / "missing.sqlite"), "--out", str(out)]) == 2
+
+
+def test_an_exported_trajectory_imports_as_rows_with_the_recorded_tokens(
+        recorded: tuple[Path, str], tmp_path: Path, model_dir: str) -> None:
+    log, sid = recorded
+    out = tmp_path / "atif"
+    assert main(["export", str(log), "--out", str(out)]) == 0
+    rows = read_sft_rows(out, model_dir)
+    # two calls in the first segment; in the edited one, the client's own assistant turn
+    # (rendered: it has no tokens) and the call answering it
+    assert [r.metadata["tokens"] for r in rows] == ["recorded", "recorded", "rendered",
+                                                    "recorded"]
+    traj = json.loads((out / f"{sid}.json").read_text())
+    call = traj["steps"][2]["metrics"]
+    first = rows[0]
+    assert first.metadata["tokens"] == "recorded"
+    assert first.input_ids == call["prompt_token_ids"] + call["completion_token_ids"]
+    assert sum(first.loss_mask) == len(call["completion_token_ids"])
+    assert first.logprobs[-len(call["logprobs"]):] == call["logprobs"]
+    assert rows[-1].reward == 1.0
+
+
+def test_a_trajectory_without_tokens_is_rendered_with_the_models_template(
+        model_dir: str, tmp_path: Path) -> None:
+    traj = {"schema_version": "ATIF-v1.6", "agent": {"name": "other-tool", "version": "1"},
+            "steps": [{"step_id": 1, "source": "user", "message": "Say hi."},
+                      {"step_id": 2, "source": "agent", "message": "Hi!"}],
+            "final_metrics": {"extra": {"reward": 0.5}}}
+    (tmp_path / "t.json").write_text(json.dumps(traj))
+    [row] = read_sft_rows(tmp_path / "t.json", model_dir)
+    assert row.metadata["tokens"] == "rendered" and row.reward == 0.5
+    renderer = Renderer.from_pretrained(model_dir)
+    trained = [t for t, m in zip(row.input_ids, row.loss_mask, strict=True) if m]
+    assert renderer.decode(trained).startswith("Hi!")
+    (tmp_path / "bad.json").write_text(json.dumps({"schema_version": "v9", "steps": []}))
+    with pytest.raises(InvalidRequest, match="not an ATIF"):
+        read_sft_rows(tmp_path / "bad.json", model_dir)

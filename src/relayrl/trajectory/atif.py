@@ -18,7 +18,15 @@ session becomes one ATIF trajectory, with the tokens kept:
 - The trajectory reward (`final_reward`) is in `final_metrics.extra.reward`; session metadata
   and task id in the root's `extra.relayrl`.
 
-May import: `relayrl.chat.conversation`, `relayrl.trajectory.records`, `.session`.
+Import (`atif_rows`) goes the other way, for supervised warm-starts from trajectories any tool
+wrote: one `individual` row per agent step (embedded sub-trajectories included, copied-context
+steps skipped), trained on the step's completion. A step whose `metrics` carry token ids is used
+as it is, without re-tokenising, when the ids decode to the step's message with this model's
+tokenizer; otherwise the conversation up to the step is rendered with the model's chat template
+and the row's `metadata.tokens` says `"rendered"`.
+
+May import: `relayrl.chat`, `relayrl.errors`, `relayrl.trajectory.records`, `.session`,
+`.export`.
 """
 
 from __future__ import annotations
@@ -26,11 +34,16 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from relayrl.chat.conversation import Message, ToolCall
+from relayrl.chat.conversation import Conversation, Message, Tool, ToolCall
+from relayrl.chat.renderer import Renderer
+from relayrl.errors import InvalidRequest
+from relayrl.trajectory.export import TrajectoryRow
 from relayrl.trajectory.records import Interaction, Segment
 from relayrl.trajectory.session import Session
+from relayrl.types import PROMPT_VERSION
 
 ATIF_VERSION = "ATIF-v1.8"
 
@@ -168,4 +181,124 @@ def _link_subagents(built: list[dict[str, Any]],
             break
 
 
-__all__ = ["ATIF_VERSION", "session_to_atif"]
+# ------------------------------------------------------------------------------------- import
+
+
+def read_sft_rows(path: str | Path, model_dir: str) -> list[TrajectoryRow]:
+    """Rows to imitate from `path`: relayrl's JSONL rows, or ATIF (a `.json` file or a folder)."""
+    from relayrl.trajectory.interchange import read_jsonl
+
+    p = Path(path)
+    if p.suffix == ".jsonl":
+        return read_jsonl(p)
+    return atif_rows(read_atif(p), Renderer.from_pretrained(model_dir))
+
+
+def read_atif(path: str | Path) -> list[dict[str, Any]]:
+    """ATIF trajectories from a `.json` file (one trajectory or a list) or a folder of them."""
+    p = Path(path)
+    files = sorted(p.glob("*.json")) if p.is_dir() else [p]
+    out: list[dict[str, Any]] = []
+    for f in files:
+        data = json.loads(f.read_text())
+        for t in data if isinstance(data, list) else [data]:
+            if not str(t.get("schema_version", "")).startswith("ATIF-v1."):
+                raise InvalidRequest(f"{f}: not an ATIF v1 trajectory "
+                                     f"(schema_version {t.get('schema_version')!r})")
+            out.append(t)
+    return out
+
+
+def atif_rows(trajectories: Sequence[dict[str, Any]], renderer: Renderer) -> list[TrajectoryRow]:
+    """One SFT row per agent step of each trajectory (sub-trajectories included)."""
+    rows: list[TrajectoryRow] = []
+    for t in trajectories:
+        rows += _rows(t, renderer)
+        rows += atif_rows(t.get("subagent_trajectories") or (), renderer)
+    return rows
+
+
+def _rows(traj: dict[str, Any], renderer: Renderer) -> list[TrajectoryRow]:
+    tools = tuple(Tool(name=d["function"]["name"], description=d["function"].get("description")
+                       or "", parameters=d["function"].get("parameters") or {})
+                  for d in (traj.get("agent", {}).get("tool_definitions") or ())
+                  if "function" in d)
+    reward = ((traj.get("final_metrics") or {}).get("extra") or {}).get("reward")
+    history: list[Message] = []
+    rows: list[TrajectoryRow] = []
+    for step in traj["steps"]:
+        m = _message(step)
+        trained = (m.role == "assistant" and not step.get("is_copied_context")
+                   and step.get("llm_call_count") != 0 and history)
+        if trained:
+            own = (step.get("extra") or {}).get("reward")
+            value = own if own is not None else reward
+            rows.append(_row(traj, step, history, m, tools, renderer,
+                             0.0 if value is None else float(value)))
+        history.append(m)
+        history += _observations(step)
+    return rows
+
+
+def _message(step: dict[str, Any]) -> Message:
+    text = step.get("message")
+    content = text if isinstance(text, str) else " ".join(
+        p.get("text", "") for p in text or () if p.get("type") == "text")
+    if step["source"] != "agent":
+        return Message(role="system" if step["source"] == "system" else "user", content=content)
+    calls = tuple(ToolCall(id=c["tool_call_id"], name=c["function_name"],
+                           arguments=(c.get("extra") or {}).get("raw_arguments")
+                           or json.dumps(c.get("arguments") or {}))
+                  for c in step.get("tool_calls") or ())
+    return Message(role="assistant", content=content, reasoning=step.get("reasoning_content"),
+                   tool_calls=calls)
+
+
+def _observations(step: dict[str, Any]) -> list[Message]:
+    out = []
+    for r in (step.get("observation") or {}).get("results", ()):
+        if r.get("content") is None:
+            continue  # a reference to a sub-agent's trajectory, not a tool result
+        text = r["content"] if isinstance(r["content"], str) else " ".join(
+            p.get("text", "") for p in r["content"] if p.get("type") == "text")
+        out.append(Message(role="tool", content=text, tool_call_id=r.get("source_call_id")))
+    return out
+
+
+def _row(traj: dict[str, Any], step: dict[str, Any], history: list[Message], m: Message,
+         tools: tuple[Tool, ...], renderer: Renderer, reward: float) -> TrajectoryRow:
+    metrics = step.get("metrics") or {}
+    prompt, completion = metrics.get("prompt_token_ids"), metrics.get("completion_token_ids")
+    source = "recorded"
+    if not (prompt and completion and _matches(renderer, completion, m)):
+        conv = Conversation(messages=tuple(history), tools=tools)
+        prompt = renderer.render(conv)
+        full = renderer.render(Conversation(messages=(*history, m), tools=tools),
+                               add_generation_prompt=False)
+        if full[: len(prompt)] != prompt:
+            raise InvalidRequest(f"step {step['step_id']}: the chat template does not extend the "
+                                 "prompt with the assistant turn; cannot tell its tokens apart")
+        completion, source = full[len(prompt):], "rendered"
+    logprobs = metrics.get("logprobs") if source == "recorded" else None
+    if not logprobs or len(logprobs) != len(completion):
+        logprobs = [0.0] * len(completion)
+    n, k = len(prompt), len(completion)
+    sid = str(traj.get("session_id") or traj.get("trajectory_id") or "atif")
+    return TrajectoryRow(
+        session_id=sid, task_id=None, segment_id=str(traj.get("trajectory_id") or sid),
+        style="individual", interaction_ids=[f"{sid}/step-{step['step_id']}"],
+        input_ids=[*prompt, *completion], loss_mask=[0] * n + [1] * k,
+        logprobs=[0.0] * n + list(logprobs), versions=[PROMPT_VERSION] * n + [0] * k,
+        reward=reward, turn_spans=[(n, n + k)], turn_rewards=[reward],
+        metadata={"source": "atif", "tokens": source})
+
+
+def _matches(renderer: Renderer, completion: Sequence[int], m: Message) -> bool:
+    """Whether recorded completion ids are this model's tokens for the step's message."""
+    if any(not 0 <= t < renderer.vocab_size for t in completion):
+        return False
+    text = renderer.decode(completion)
+    return all(part in text for part in (m.content.strip(), *(c.name for c in m.tool_calls)))
+
+
+__all__ = ["ATIF_VERSION", "atif_rows", "read_atif", "read_sft_rows", "session_to_atif"]
