@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from relayrl.client import SessionClient
+from relayrl.client import RunEngine, SessionClient
 from relayrl.client.session_client import SessionHandle
 from relayrl.config import RelayConfig
 from relayrl.errors import ConfigError, EpisodeFailed
@@ -238,7 +238,10 @@ class RayServices:
         """A rollout controller whose agents run as Ray tasks against the actor's gateway."""
         wf = build_ray_workflow(workflow, workflow_kwargs, rollout.group_size, self.client,
                                 rollout.agent_config())
-        return rollout_controller(wf, dataset, rollout, version_fn, self.config, self.model_dir)
+        # the engine lives in the actor: workflows reach it through its gateway (DirectClient)
+        engine = RunEngine(None, self.client, version_fn=version_fn, model_dir=self.model_dir)
+        return rollout_controller(wf, dataset, rollout, version_fn, self.config, self.model_dir,
+                                  engine=engine)
 
     async def aclose(self) -> None:
         """Close the client, stop the actor's gateway and engine, end the actor and Ray."""
