@@ -29,7 +29,7 @@ async def test_direct_client_records_rewards_and_exports_like_the_http_path(app)
         await client.set_reward(r1.id, 0.5)
         await client.set_last_reward(1.0)
         rows = await client.export_interactions(style="individual", discount=1.0)
-        assert [r["reward"] for r in rows] == [pytest.approx(1.5), pytest.approx(1.0)]
+        assert [r.reward for r in rows.values()] == [pytest.approx(1.5), pytest.approx(1.0)]
         # export is idempotent: calling again (session already ended) gives the same rows
         assert await client.export_interactions(style="individual") == rows
 

@@ -89,6 +89,33 @@ async def close_clients(clients: list[DirectClient]) -> None:
             log.warning("closing a DirectClient: %s: %s", type(e).__name__, e)
 
 
+_REPLY_PREFIXES = ("chatcmpl-", "resp_", "msg_")
+"""What each wire puts before the call id in its reply ids (the gateway's wires say the same)."""
+
+
+def _call_id(key: object) -> object:
+    if isinstance(key, str):
+        for prefix in _REPLY_PREFIXES:
+            if key.startswith(prefix):
+                return key[len(prefix):]
+    return key
+
+
+class Interactions(dict[str, TrajectoryRow]):
+    """Exported rows keyed by interaction id; a reply's own id (`response.id`, with its wire's
+    prefix) finds its row too."""
+
+    def __getitem__(self, key: object) -> TrajectoryRow:
+        return super().__getitem__(_call_id(key))  # type: ignore[arg-type]
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(_call_id(key))
+
+    def get(self, key: object, default: Any = None) -> Any:  # type: ignore[override]
+        """The row of `key` (an interaction or reply id), else `default`."""
+        return super().get(_call_id(key), default)  # type: ignore[arg-type]
+
+
 class RewardCall:
     """What `set_reward` / `set_last_reward` return: the reward is already queued; awaiting
     this sends the queue now (and raises here if the gateway refuses it)."""
@@ -143,7 +170,7 @@ class DirectClient:
         self._pending: list[tuple[str | None, float]] = []
         self._calls = 0
         self._discount = 1.0
-        self._exported: dict[str, TrajectoryRow] | None = None
+        self._exported: Interactions | None = None
         self._closed = False
         made = _EPISODE_CLIENTS.get()
         if made is not None:
@@ -250,7 +277,7 @@ class DirectClient:
         if self._exported is not None:
             return self._exported
         if self.session is None and not self._calls:
-            self._exported = {}
+            self._exported = Interactions()
             return self._exported  # no call, no session: nothing to train on
         await self.flush_rewards()
         session = await self._session()
@@ -259,7 +286,7 @@ class DirectClient:
         rows = await self._admin.export(session.session_id, style=style, credit=credit,
                                         discount=discount)
         parsed = [row_from_dict({"schema_version": SCHEMA_VERSION, **r}) for r in rows]
-        self._exported = {r.interaction_ids[-1]: r for r in parsed}
+        self._exported = Interactions((r.interaction_ids[-1], r) for r in parsed)
         return self._exported
 
     # ---- closing --------------------------------------------------------------------------
