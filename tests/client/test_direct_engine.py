@@ -105,12 +105,13 @@ async def test_plain_reward_setters_discount_and_export_a_dict_keyed_by_id(engin
     client.set_reward(r1.id, 0.5)
     client.set_last_reward(1.0)
     client.apply_reward_discount(turn_discount=0.9)
-    interactions = await client.export_interactions(style="individual")
+    interactions = client.export_interactions(style="individual")  # a dict, no await needed
     assert len(interactions) == 2 and r1.id in interactions and r2.id in interactions
     assert set(interactions) == {row.interaction_ids[-1] for row in interactions.values()}
     assert all(isinstance(row, TrajectoryRow) for row in interactions.values())
     assert interactions[r2.id].reward == pytest.approx(1.0)
     assert interactions[r1.id].reward == pytest.approx(0.5 + 0.9 * 1.0)
+    assert await client.export_interactions() is interactions  # awaiting it works too
     await client.aclose()
 
 

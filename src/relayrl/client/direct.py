@@ -16,8 +16,9 @@ the next call, the export or `flush_rewards()`. Awaiting them sends at once (and
 if the gateway refuses, e.g. an unknown id). A queued reward is never dropped: it is sent, or
 the export raises. `apply_reward_discount(turn_discount=γ)` sets the discount the export
 applies; `export_interactions(style=...)` ends the session and returns its rows as a dict of
-`TrajectoryRow` keyed by interaction id, which `arun_episode` may return as is (awaited or not:
-the runner awaits a returned awaitable).
+`TrajectoryRow` keyed by interaction id (awaitable too), which `arun_episode` may return as is.
+It waits for the run's gateway (on its own thread) from a private event loop, so the plain call
+works inside `arun_episode`; `aexport_interactions` awaits on the caller's loop instead.
 
 Closing the client frees its session: acknowledged when its rows were exported (the caller has
 them), aborted otherwise. Clients made inside an episode are closed by the episode runner when
@@ -38,7 +39,8 @@ import contextlib
 import contextvars
 import logging
 import math
-from collections.abc import Awaitable, Generator, Iterator
+from collections.abc import Coroutine, Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -59,6 +61,7 @@ log = logging.getLogger(__name__)
 _BASE = "http://relayrl.direct"
 _CAPACITY_WAIT_S = 60.0
 _CAPACITY_POLL_S = 0.25
+_EXPORT_TIMEOUT_S = 300.0
 
 _EPISODE_CLIENTS: contextvars.ContextVar[list[DirectClient] | None] = contextvars.ContextVar(
     "relayrl_direct_clients", default=None)
@@ -114,6 +117,33 @@ class Interactions(dict[str, TrajectoryRow]):
     def get(self, key: object, default: Any = None) -> Any:  # type: ignore[override]
         """The row of `key` (an interaction or reply id), else `default`."""
         return super().get(_call_id(key), default)  # type: ignore[arg-type]
+
+    def __await__(self) -> Generator[Any, None, Interactions]:
+        """Already here: awaiting gives the same dict (for code that awaits the export)."""
+        return self
+        yield  # a generator: `await` returns at once
+
+
+class PendingExport:
+    """An export still to be awaited (`DirectClient.open` clients); not a dict until then."""
+
+    def __init__(self, export: Coroutine[Any, Any, Interactions]) -> None:
+        self._export = export
+
+    def __await__(self) -> Generator[Any, None, Interactions]:
+        return self._export.__await__()
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"export_interactions() of a client bound to an in-process app must be "
+                        f"awaited before use (.{name}): `await client.export_interactions()`")
+
+    def __iter__(self) -> Iterator[str]:
+        raise TypeError("export_interactions() of a client bound to an in-process app must be "
+                        "awaited before use: `await client.export_interactions()`")
+
+    def __len__(self) -> int:
+        raise TypeError("export_interactions() of a client bound to an in-process app must be "
+                        "awaited before use: `await client.export_interactions()`")
 
 
 class RewardCall:
@@ -264,27 +294,65 @@ class DirectClient:
     # ---- export ---------------------------------------------------------------------------
 
     def export_interactions(self, style: str = DEFAULT_EXPORT_STYLE,
-                            discount: float | None = None,
-                            credit: str = DEFAULT_CREDIT_RULE
-                            ) -> Awaitable[dict[str, TrajectoryRow]]:
-        """End the session and give its rows keyed by interaction id (an awaitable: await it,
-        or return it from `arun_episode` as it is). `discount` defaults to the one set by
-        `apply_reward_discount`."""
-        return self._export(style, self._discount if discount is None else discount, credit)
+                            discount: float | None = None, credit: str = DEFAULT_CREDIT_RULE
+                            ) -> Interactions | PendingExport:
+        """End the session and return its rows keyed by interaction id (queued rewards are sent
+        first); `discount` defaults to the one `apply_reward_discount` set.
 
-    async def _export(self, style: str, discount: float,
-                      credit: str) -> dict[str, TrajectoryRow]:
+        On a run's gateway (a URL) the rows come back at once, as a dict, which may also be
+        awaited. A client bound to an in-process app (`open`) cannot wait for that app without
+        blocking it: there this returns a `PendingExport` to await (or to return from
+        `arun_episode`, which awaits it), and using it as a dict raises."""
+        discount = self._discount if discount is None else discount
+        if self._exported is not None:
+            return self._exported
+        if self.app is not None:
+            return PendingExport(self.aexport_interactions(style, discount, credit))
+        if self.session is None and not self._calls:
+            return self._nothing_to_export()
+        # the gateway answers on its own thread: wait for it from a private loop
+        with ThreadPoolExecutor(1, thread_name_prefix="relayrl-export") as pool:
+            return pool.submit(asyncio.run, self._export_from(style, discount, credit)).result()
+
+    async def aexport_interactions(self, style: str = DEFAULT_EXPORT_STYLE,
+                                   discount: float | None = None,
+                                   credit: str = DEFAULT_CREDIT_RULE) -> Interactions:
+        """`export_interactions`, awaited on this event loop (works for any client)."""
+        discount = self._discount if discount is None else discount
         if self._exported is not None:
             return self._exported
         if self.session is None and not self._calls:
-            self._exported = Interactions()
-            return self._exported  # no call, no session: nothing to train on
+            return self._nothing_to_export()
         await self.flush_rewards()
-        session = await self._session()
+        return await self._end_and_export(self._admin, style, discount, credit)
+
+    def _nothing_to_export(self) -> Interactions:
+        self._exported = Interactions()  # no call, no session: nothing to train on
+        return self._exported
+
+    async def _export_from(self, style: str, discount: float, credit: str) -> Interactions:
+        """Flush and export through a client of this (private) loop."""
+        async with SessionClient(self._admin.gateway_url, admin_key=self._admin.admin_key,
+                                 timeout_s=_EXPORT_TIMEOUT_S) as admin:
+            session = await self._session_with(admin)
+            while self._pending:
+                interaction_id, reward = self._pending[0]
+                await admin.set_reward(session, reward, interaction_id)
+                self._pending.pop(0)
+            return await self._end_and_export(admin, style, discount, credit)
+
+    async def _session_with(self, admin: SessionClient) -> SessionHandle:
+        if self.session is None:
+            raise SessionClosed("this DirectClient has no session to export")
+        return self.session
+
+    async def _end_and_export(self, admin: SessionClient, style: str, discount: float,
+                              credit: str) -> Interactions:
+        session = await self._session_with(admin)
         with contextlib.suppress(SessionClosed):  # already ended is fine
-            await self._admin.end_session(session)
-        rows = await self._admin.export(session.session_id, style=style, credit=credit,
-                                        discount=discount)
+            await admin.end_session(session)
+        rows = await admin.export(session.session_id, style=style, credit=credit,
+                                  discount=discount)
         parsed = [row_from_dict({"schema_version": SCHEMA_VERSION, **r}) for r in rows]
         self._exported = Interactions((r.interaction_ids[-1], r) for r in parsed)
         return self._exported
