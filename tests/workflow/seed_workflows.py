@@ -86,3 +86,30 @@ class DirectWorkflow(RolloutWorkflow):
         client.apply_reward_discount(turn_discount=0.9)
 
         return client.export_interactions(style="individual")
+
+
+class FailsAfterFirstGroup(RolloutWorkflow):
+    """Its first two episodes finish (rewards 0 and 1), then every one raises: a tool server
+    that went down mid-run."""
+
+    episodes = 0
+
+    async def arun_episode(self, engine, data):
+        FailsAfterFirstGroup.episodes += 1
+        n = FailsAfterFirstGroup.episodes
+        if n > 2:
+            raise RuntimeError("tool server down")
+        resp = await engine.agenerate(ModelRequest(input_ids=[1, 2, 3, 4],
+                                                   gconfig={"max_new_tokens": 4}))
+        seq = resp.input_tokens + resp.output_tokens
+        return {
+            "input_ids": torch.tensor([seq], dtype=torch.int32),
+            "attention_mask": torch.ones(1, len(seq), dtype=torch.bool),
+            "loss_mask": torch.tensor([[0] * resp.input_len + [1] * resp.output_len],
+                                      dtype=torch.int32),
+            "logprobs": torch.tensor([[0.0] * resp.input_len + resp.output_logprobs],
+                                     dtype=torch.float32),
+            "versions": torch.tensor([[-1] * resp.input_len + resp.output_versions],
+                                     dtype=torch.int32),
+            "rewards": torch.tensor([float(n - 1)], dtype=torch.float32),
+        }

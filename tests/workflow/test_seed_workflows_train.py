@@ -102,3 +102,23 @@ def test_a_seed_004_workflow_trains_a_real_step_with_the_runs_engine(tmp_path: P
     assert "steps 1" in proc.stdout
     step = _one_step(_run_dir(tmp_path, "seed004"))
     assert step["n_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_a_run_whose_episodes_start_failing_stops_and_keeps_what_it_wrote(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "failing")
+    overrides = ["workflow=seed_workflows.FailsAfterFirstGroup", "train.total_steps=3",
+                 "train.checkpoint_every=1"]
+    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "train", str(cfg), *overrides],
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path, env=_env())
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    error = next(line for line in proc.stderr.splitlines() if line.startswith("relayrl: error:"))
+    assert "4 episodes in a row aborted" in error  # the count
+    assert "RuntimeError: tool server down" in error  # the exception: type and message
+    assert "seed_workflows.py:" in error and "in arun_episode" in error  # where
+    assert "rollout.max_consecutive_aborts" in error
+    # the step taken before the failures is kept: its metrics and its checkpoint
+    run = _run_dir(tmp_path, "failing")
+    lines = [json.loads(x) for x in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if "step_s" in m] == [1]
+    assert (run / "checkpoints" / "step_1" / "config.json").exists()
