@@ -79,8 +79,11 @@ def test_relayrl_train_runs_a_direct_client_workflow_for_a_real_step(tmp_path: P
 
 
 @pytest.mark.slow
-def test_a_seed_004_workflow_trains_a_real_step_with_the_runs_engine(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["local", "ray"])
+def test_a_seed_004_workflow_trains_a_real_step_with_the_runs_engine(tmp_path: Path,
+                                                                    launcher: str) -> None:
     cfg = _config(tmp_path, "seed004")
+    cfg.write_text(cfg.read_text() + f"launcher: {launcher}\n")
     script = tmp_path / "train_seed004.py"
     script.write_text(
         "import json, sys\n"

@@ -138,8 +138,9 @@ _STOP_REASONS: dict[FinishReason, Literal["length", "stop", "interrupt"]] = {
 class RunEngine:
     """The run's engine as workflows see it: generation, the weight version, and its gateway.
 
-    `engine` is any `InferenceEngine` (None where the engine lives in another process and only
-    the gateway is reachable); `sessions` drives the run's gateway (what `DirectClient` opens
+    `engine` is any `InferenceEngine`, or anything with its `generate`, `stream`, `version` and
+    `context_length` (the Ray launcher's handle on the engine in its actor); None where only the
+    gateway is reachable; `sessions` drives the run's gateway (what `DirectClient` opens
     sessions on); `app`, when the gateway is an in-process ASGI app rather than a URL;
     `stop_token_ids`, the model's end-of-turn ids, added to every direct request so a
     completion ends where the model ends its turn (the gateway does the same for its calls);
