@@ -95,9 +95,9 @@ def main_direct(max_tokens: int = 64, max_turns: int = 3) -> None:
         async with await DirectClient.open(app, task_id="camel-direct") as client:
             reward = await run_direct(TASK, client, max_tokens=max_tokens,
                                       max_turns=max_turns)
-            await client.set_last_reward(reward)
+            client.set_last_reward(reward)
             rows = await client.export_interactions(style="individual")
-        trained = sum(sum(r["loss_mask"]) for r in rows)
+        trained = sum(sum(r.loss_mask) for r in rows.values())
         print(f"session {client.session.session_id}: reward {reward}, {len(rows)} recorded "
               f"calls, {trained} tokens under the loss mask")
 
