@@ -1,4 +1,4 @@
-"""`RemoteRolloutWorkflow`: train on episodes that an external rollout server runs (seed 002).
+"""`RemoteRolloutWorkflow`: train on episodes that an external rollout server runs.
 
 Per episode: open a gateway session, POST `/rollout` to the server with the session's URL as
 the callback (`server_url`) and its key as `callback_api_key`, wait for the answer, turn
