@@ -107,7 +107,9 @@ def docs_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DocsGatew
 
 def block_env(gw: DocsGateway) -> dict[str, str]:
     """The environment a block runs with (see the module docstring)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAYRL_", "OPENAI_"))}
+    # nothing of the caller's services or keys leaks in: only what the table above lists
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RELAYRL_", "OPENAI_", "ANTHROPIC_", "ROLLOUT_"))}
     env.update({
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         "RELAYRL_URL": gw.url, "RELAYRL_API_KEY": gw.admin_key, "ADMIN": gw.admin_key,
