@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from relayrl.errors import RelayError
+from relayrl.errors import ConfigError, RelayError
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -58,7 +58,16 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from relayrl.launch.run import run_from_config
 
-    result = run_from_config(args.config, args.overrides)
+    config, overrides = args.config, list(args.overrides)
+    if args.config_option is not None:  # `relayrl train --config CFG [overrides]`
+        if config is not None and "=" not in config:
+            raise ConfigError(f"two configs given: {config} and --config "
+                              f"{args.config_option}; name one")
+        config, overrides = args.config_option, [c for c in [config] if c] + overrides
+    if config is None:
+        raise ConfigError("name a config: relayrl train CONFIG [key=value ...] (or --config "
+                          "CONFIG)")
+    result = run_from_config(config, overrides)
     print(result.summary(), flush=True)
     return 0
 
@@ -140,6 +149,16 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_flag_first(args: list[str]) -> list[str]:
+    """`args` with `--config X` moved to the front: overrides may come before or after it."""
+    for i, arg in enumerate(args):
+        if arg == "--config" and i + 1 < len(args):
+            return [arg, args[i + 1], *args[:i], *args[i + 2:]]
+        if arg.startswith("--config="):
+            return [arg, *args[:i], *args[i + 1:]]
+    return args
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `relayrl` command."""
     parser = argparse.ArgumentParser(prog="relayrl", description=__doc__)
@@ -174,8 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     gw.set_defaults(func=_cmd_gateway)
 
     tr = sub.add_parser("train", help="train an agent with RL (config YAML + dotted overrides)")
-    tr.add_argument("config", help="YAML config, e.g. examples/math_agent/config.yaml")
+    tr.add_argument("config", nargs="?", default=None,
+                    help="YAML config, e.g. examples/math_agent/config.yaml")
     tr.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-5")
+    tr.add_argument("--config", dest="config_option", default=None, metavar="CONFIG",
+                    help="the YAML config, as a flag (the same as the positional CONFIG)")
     tr.set_defaults(func=_cmd_train)
 
     sv = sub.add_parser("serve", help="the any-agent RL service: agents anywhere drive sessions, "
@@ -242,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["rollout-server"], ["router"], ["view"]):  # own parsers: flags pass through
         argv = [argv[0], "--", *argv[1:]]
+    if argv[:1] == ["train"]:
+        argv = ["train", *_config_flag_first(argv[1:])]
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -124,7 +124,8 @@ class PPOTrainer:
     """Trains the policy on episodes of any agent (`trainer.train(workflow="my_agent.MathAgent")`).
 
     `launcher` starts what serves the policy; `relayrl.launch.LocalLauncher(config)` runs the
-    engine and the gateway in this process (`relayrl.launch.train` wires that up for you).
+    engine and the gateway in this process. Scripts use `relayrl.PPOTrainer` (in
+    `relayrl.launch.trainer`), which starts them itself.
     """
 
     def __init__(self, config: TrainerSettings, train_dataset: Sequence[dict[str, Any]],
