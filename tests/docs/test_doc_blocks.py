@@ -19,13 +19,15 @@ What a block gets:
 
   | variable | value |
   | --- | --- |
-  | `RELAYRL_URL` | the gateway's root URL, `http://127.0.0.1:PORT` |
-  | `RELAYRL_API_KEY`, `ADMIN` | its admin key |
-  | `OPENAI_BASE_URL`, `OPENAI_API_KEY` | the same root URL and key, as `relayrl serve` prints them |
+  | `GATEWAY_URL` | the gateway's root URL, `http://127.0.0.1:PORT` |
+  | `ADMIN` | its admin key |
+  | `OPENAI_BASE_URL`, `OPENAI_API_KEY` | the same root URL and key, as agents of a service get them |
   | `ROLLOUT_SERVER_PORT` | a free loopback port (`relayrl rollout-server` listens on it) |
   | `FREE_PORT` | another free loopback port, for anything else a block starts |
   | `RELAYRL_REPO` | the repository's root |
 
+  `RELAYRL_URL` and `RELAYRL_API_KEY` are unset: `AgentSession` would prefer them to a block's
+  own `OPENAI_BASE_URL`;
 - a time limit: `DOC_BLOCK_TIMEOUT_S` (120 s) per block. On exit, anything the block left running
   (`cmd &`) is stopped: each block runs in its own process group, which is killed.
 
@@ -112,7 +114,7 @@ def block_env(gw: DocsGateway) -> dict[str, str]:
            if not k.startswith(("RELAYRL_", "OPENAI_", "ANTHROPIC_", "ROLLOUT_"))}
     env.update({
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        "RELAYRL_URL": gw.url, "RELAYRL_API_KEY": gw.admin_key, "ADMIN": gw.admin_key,
+        "GATEWAY_URL": gw.url, "ADMIN": gw.admin_key,
         "OPENAI_BASE_URL": gw.url, "OPENAI_API_KEY": gw.admin_key,
         "ROLLOUT_SERVER_PORT": str(free_port()), "FREE_PORT": str(free_port()),
         "RELAYRL_REPO": str(ROOT), "PYTHONUNBUFFERED": "1",

@@ -88,7 +88,8 @@ def test_a_failing_command_fails_the_block_under_pipefail(tmp_path: Path) -> Non
 
 def test_the_block_sees_the_repository_layout_and_the_environment(tmp_path: Path) -> None:
     code, out = _run(tmp_path, "bash", 'test -f examples/any_agent/serve.yaml\n'
-                     'echo "$RELAYRL_URL $OPENAI_BASE_URL $ROLLOUT_SERVER_PORT"\n'
+                     'echo "$GATEWAY_URL $OPENAI_BASE_URL $ROLLOUT_SERVER_PORT"\n'
+                     'test -z "${RELAYRL_URL:-}"\n'
                      'command -v relayrl\n')
     assert code == 0, out
     url, base, port = out.split("\n")[0].split()

@@ -63,15 +63,19 @@ def test_lines_read_the_key_file_and_never_hold_the_key(tmp_path: Path) -> None:
     key_file = tmp_path / "run dir" / "admin_key"
     key_file.parent.mkdir()
     key_file.write_text("s3cret-key-value-0123456789abcdef\n")
-    [line] = agent_env_lines("http://127.0.0.1:8765", key_file)
-    assert "s3cret" not in line
-    out = subprocess.run(["bash", "-c", f"set -euo pipefail; {line}; "
-                          'printf "%s|%s" "$OPENAI_BASE_URL" "$OPENAI_API_KEY"'],
+    lines = agent_env_lines("http://127.0.0.1:8765", key_file)
+    assert not any("s3cret" in line for line in lines)
+    out = subprocess.run(["bash", "-c", "set -euo pipefail\n" + "\n".join(lines) + "\n"
+                          'printf "%s|%s|%s|%s" "$OPENAI_BASE_URL" "$OPENAI_API_KEY" '
+                          '"$RELAYRL_URL" "$RELAYRL_API_KEY"'],
+                         env={"PATH": "/usr/bin:/bin", "RELAYRL_URL": "http://elsewhere:1"},
                          capture_output=True, text=True, timeout=30, check=True).stdout
-    assert out == "http://127.0.0.1:8765|s3cret-key-value-0123456789abcdef"
+    key = "s3cret-key-value-0123456789abcdef"
+    assert out == f"http://127.0.0.1:8765|{key}|http://127.0.0.1:8765|{key}"
     configured = agent_env_lines("http://127.0.0.1:8765", None)
-    assert configured[0] == "export OPENAI_BASE_URL=http://127.0.0.1:8765"
-    assert all(not line.startswith("export OPENAI_API_KEY") for line in configured)
+    url = "http://127.0.0.1:8765"
+    assert configured[0] == f"export OPENAI_BASE_URL={url} RELAYRL_URL={url}"
+    assert "API_KEY=" not in "".join(configured)
 
 
 @pytest.mark.slow
@@ -90,12 +94,15 @@ def test_the_printed_lines_are_all_a_phase_1_agent_needs(tmp_path: Path,
             assert time.monotonic() < deadline, log.read_text()[-2000:]
             time.sleep(0.1)
         lines = [ln for ln in log.read_text().splitlines() if ln.startswith("export ")]
-        assert len(lines) == 1 and "OPENAI_BASE_URL" in lines[0], log.read_text()[-2000:]
+        assert len(lines) == 2 and "OPENAI_BASE_URL" in lines[0], log.read_text()[-2000:]
         (tmp_path / "agent.py").write_text(AGENT)
-        # a clean shell environment: only what the printed lines set points the agent anywhere
+        # only what the printed lines set points the agent anywhere: a stale service address
+        # and key in the shell do not count
         env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-               "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
-        script = f"set -euo pipefail\n{lines[0]}\nexec {sys.executable} agent.py\n"
+               "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
+               "RELAYRL_URL": "http://127.0.0.1:9", "RELAYRL_API_KEY": "stale-key"}
+        pasted = "\n".join(lines)
+        script = f"set -euo pipefail\n{pasted}\nexec {sys.executable} agent.py\n"
         done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]

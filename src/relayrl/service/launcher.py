@@ -193,18 +193,24 @@ class ServiceServices:
 
 
 def agent_env_lines(url: str, key_file: Path | None) -> list[str]:
-    """The shell lines that point an agent at the service (`OPENAI_BASE_URL`, `OPENAI_API_KEY`,
-    the names `AgentSession` and `AgentRunner` read), for the user to paste.
+    """The shell lines that point an agent at the service, for the user to paste.
 
-    The key is never in them: with a generated key they read its file (`$(cat FILE)`); with a
-    configured one they say where it is. The URL is the root, which both OpenAI-style clients
-    (`/chat/completions`, `/v1/chat/completions`) and plain HTTP agents (`/v1/...`) can use.
+    They set `OPENAI_BASE_URL` and `OPENAI_API_KEY` (what unchanged agents and the OpenAI SDK
+    read) and relayrl's own `RELAYRL_URL` and `RELAYRL_API_KEY` to the same values: those are
+    what `AgentSession` and `AgentRunner` read first, so a value left in the shell from another
+    service cannot send the sessions elsewhere. The key is never in them: with a generated key
+    they read its file (`$(cat FILE)`); with a configured one they say where it is. The URL is
+    the root, which OpenAI-style clients (`/chat/completions`) and plain HTTP agents
+    (`/v1/chat/completions`) both reach.
     """
+    quoted = shlex.quote(url)
     if key_file is not None:
         path = shlex.quote(str(Path(key_file).resolve()))
-        return [f'export OPENAI_BASE_URL={shlex.quote(url)} OPENAI_API_KEY="$(cat {path})"']
-    return [f"export OPENAI_BASE_URL={shlex.quote(url)}",
-            "# and OPENAI_API_KEY: the service's key (gateway.admin_key of its config)"]
+        return [f'export OPENAI_BASE_URL={quoted} OPENAI_API_KEY="$(cat {path})"',
+                'export RELAYRL_URL="$OPENAI_BASE_URL" RELAYRL_API_KEY="$OPENAI_API_KEY"']
+    return [f"export OPENAI_BASE_URL={quoted} RELAYRL_URL={quoted}",
+            "# and OPENAI_API_KEY and RELAYRL_API_KEY: the service's key (gateway.admin_key of "
+            "its config)"]
 
 
 class ServiceLauncher:
