@@ -21,7 +21,8 @@ def build_parser(prog: str = "relayrl rollout-server") -> argparse.ArgumentParse
     """The command's flags (every one defaults to the environment's value)."""
     p = argparse.ArgumentParser(prog=prog, description="Serve the remote rollout protocol "
                                 "(GET /tools, POST /rollout, GET /health) with the calculator agent.")
-    p.add_argument("--host", help="bind address (ROLLOUT_SERVER_HOST, default 127.0.0.1)")
+    p.add_argument("--host", help="bind address (ROLLOUT_SERVER_HOST, default 127.0.0.1); any "
+                   "other than loopback needs an API key")
     p.add_argument("--port", type=int, help="port (ROLLOUT_SERVER_PORT, default 9000)")
     p.add_argument("--http-client-timeout", type=float,
                    help="seconds per trainer callback (HTTP_CLIENT_TIMEOUT, default 300)")
