@@ -19,7 +19,7 @@ from camel.agents import ChatAgent
 from camel.models import OpenAICompatibleModel
 from camel.toolkits import FunctionTool
 from camel.utils import BaseTokenCounter
-from mathtask import INSTRUCTIONS, add, check_answer, multiply, question
+from mathtask import INSTRUCTIONS, add, check_answer, multiply, question, service_root
 
 
 class ByteCounter(BaseTokenCounter):
@@ -56,10 +56,11 @@ async def solve(agent: ChatAgent, task: dict[str, Any]) -> float:
 
 
 async def run(task: dict[str, Any], *, base_url: str, api_key: str, max_tokens: int = 64,
-              max_turns: int = 3) -> float:
+              max_turns: int = 3, **extra: Any) -> float:
     """Proxy way: CAMEL's OpenAI-compatible model over HTTP."""
     model = OpenAICompatibleModel("default", model_config_dict={"max_tokens": max_tokens},
-                                  url=base_url + "/v1", api_key=api_key, max_retries=0,
+                                  url=service_root(base_url) + "/v1", api_key=api_key,
+                                  max_retries=0,
                                   token_counter=ByteCounter())
     return await solve(make_agent(model, max_turns), task)
 
