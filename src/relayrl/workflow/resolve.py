@@ -2,7 +2,10 @@
 
 Accepted, in this order: a `RolloutWorkflow` instance; a `RolloutWorkflow` subclass (built with
 `kwargs`); a dotted path `"package.module.Name"` (or `"package.module:Name"`) naming either of
-those or an agent; an agent (any object or class with `run`), wrapped in `AgentWorkflow`. With
+those or an agent; an agent (any object or class with `run`), wrapped in `AgentWorkflow`. A
+`RolloutWorkflow` subclass that opens gateway sessions itself (several per episode, e.g. one per
+seat of a game) says so with a class attribute `opens_sessions = True` and is built with
+`client=` (the gateway's `SessionClient`) and `agent_config=` added to its kwargs. With
 `group_size > 1` the result is wrapped in `GroupedWorkflow`. Anything else is refused with a
 message that lists what would have been accepted.
 """
@@ -46,6 +49,12 @@ def _resolve(obj: Any, kwargs: dict[str, Any], gateway: SessionClient | None,
         return _resolve(import_dotted(obj), kwargs, gateway, agent_config, depth + 1)
     if isinstance(obj, type):
         if issubclass(obj, RolloutWorkflow) or has_run(obj):
+            if issubclass(obj, RolloutWorkflow) and getattr(obj, "opens_sessions", False):
+                if gateway is None:
+                    raise ConfigError(f"{obj.__qualname__} opens gateway sessions: pass "
+                                      "gateway=SessionClient(...)")
+                kwargs = {**kwargs, "client": gateway,
+                          "agent_config": agent_config or AgentConfig()}
             try:
                 instance = obj(**kwargs)
             except TypeError as e:
