@@ -181,3 +181,35 @@ def test_the_command_writes_items_and_refuses_unknown_games(tmp_path: Path) -> N
     bad = subprocess.run([sys.executable, "-m", "relayrl.envs.textarena", "TicTacTo-v0"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "TicTacToe-v0" in bad.stderr
+
+
+@pytest.mark.slow
+def test_relayrl_train_plays_tictactoe_against_itself_and_trains_each_seat(
+        tmp_path: Path) -> None:
+    """The real default model, the real gateway and `relayrl train`: two GRPO steps of
+    TicTacToe self-play from examples/textarena/config.yaml."""
+    dumps = tmp_path / "dumps"
+    overrides = [f"fileroot={tmp_path / 'runs'}", "trial_name=ci", "train.total_steps=2",
+                 "rollout.group_size=4", "rollout.batch_size=1", "workflow_kwargs.max_tokens=8",
+                 f"rollout.dump_root={dumps}",
+                 "train.drop_uniform_groups=false"]  # every batch takes a step: 2 exactly
+    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "train",
+                           str(ROOT / "examples" / "textarena" / "config.yaml"), *overrides],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "workflow games=8" in proc.stdout  # 2 steps x 1 item x 4 games
+    run = tmp_path / "runs" / "textarena" / "ci"
+    lines = [json.loads(x) for x in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if "step_s" in m] == [1, 2]
+    rows = [json.loads(x) for f in sorted(dumps.rglob("*.jsonl"))
+            for x in f.read_text().splitlines()]
+    assert rows, "the trained groups were dumped"
+    for row in rows:
+        role = row["group_id"].rsplit(":", 1)[1]
+        assert role in {"player_0", "player_1"} and row["episode_id"].endswith(f":{role}")
+        assert row["reward"] in {-1.0, 0.0, 1.0}  # the game's own outcome for the seat
+        assert "Tic Tac Toe" in row["prompt"]  # TextArena's own observation
+    # a group is one seat's games (its episodes never mix roles), four games at most
+    for group in {r["group_id"] for r in rows}:
+        episodes = {r["episode_id"] for r in rows if r["group_id"] == group}
+        assert 1 <= len(episodes) <= 4
