@@ -2,12 +2,13 @@
 
 Accepted, in this order: a `RolloutWorkflow` instance; a `RolloutWorkflow` subclass (built with
 `kwargs`); a dotted path `"package.module.Name"` (or `"package.module:Name"`) naming either of
-those or an agent; an agent (any object or class with `run`), wrapped in `AgentWorkflow`. A
-`RolloutWorkflow` subclass that opens gateway sessions itself (several per episode, e.g. one per
-seat of a game) says so with a class attribute `opens_sessions = True` and is built with
-`client=` (the gateway's `SessionClient`) and `agent_config=` added to its kwargs. With
+those or an agent; an agent (any object or class with `run`), wrapped in `AgentWorkflow`. With
 `group_size > 1` the result is wrapped in `GroupedWorkflow`. Anything else is refused with a
 message that lists what would have been accepted.
+
+A `RolloutWorkflow` subclass that opens gateway sessions itself (several per episode, e.g. one
+per seat of a game) says so with a class attribute `opens_sessions = True`, and is built with
+`client=` (the gateway's `SessionClient`) and `agent_config=` added to its kwargs.
 """
 
 from __future__ import annotations
