@@ -90,6 +90,20 @@ async def test_the_winner_gets_1_and_the_loser_minus_1_each_in_its_own_session(
     assert wf.counters()["games"] == 1
 
 
+async def test_group_by_role_false_keeps_both_seats_in_the_items_group(
+        gw: Gateway, client: SessionClient) -> None:
+    gw.script.replies.extend(P0_WINS)
+    wf = resolve_workflow(WORKFLOW, {"group_by_role": False}, gateway=client)
+    try:
+        with episode_scope(_ctx(group="grp-3")):
+            rows = await wf.arun_episode(None, {"env_id": "TicTacToe-v0", "seed": 3})
+    finally:
+        await wf.aclose()
+    seats = _by_role(rows)
+    assert {r.metadata["session"]["group_id"] for s in seats.values() for r in s} == {"grp-3"}
+    assert sum(r.reward for s in seats.values() for r in s[:1]) == 0.0  # zero-sum: +1 and -1
+
+
 async def test_invalid_moves_are_the_games_business(gw: Gateway, client: SessionClient) -> None:
     # TicTacToe allows one invalid move, then the seat loses; player 1 never moves
     gw.script.replies.extend(["I pick the middle", "still no move"])
