@@ -7,6 +7,10 @@ these; an agent (any object or class with `run`), wrapped in `AgentWorkflow`; a 
 `run` with `kwargs` bound to every call. With
 `group_size > 1` the result is wrapped in `GroupedWorkflow`. Anything else is refused with a
 message that lists what would have been accepted.
+
+A `RolloutWorkflow` subclass that opens gateway sessions itself (several per episode, e.g. one
+per seat of a game) says so with a class attribute `opens_sessions = True`, and is built with
+`client=` (the gateway's `SessionClient`) and `agent_config=` added to its kwargs.
 """
 
 from __future__ import annotations
@@ -50,6 +54,12 @@ def _resolve(obj: Any, kwargs: dict[str, Any], gateway: SessionClient | None,
         return _resolve(import_dotted(obj), kwargs, gateway, agent_config, depth + 1)
     if isinstance(obj, type):
         if issubclass(obj, RolloutWorkflow) or has_run(obj):
+            if issubclass(obj, RolloutWorkflow) and getattr(obj, "opens_sessions", False):
+                if gateway is None:
+                    raise ConfigError(f"{obj.__qualname__} opens gateway sessions: pass "
+                                      "gateway=SessionClient(...)")
+                kwargs = {**kwargs, "client": gateway,
+                          "agent_config": agent_config or AgentConfig()}
             try:
                 instance = obj(**kwargs)
             except TypeError as e:
