@@ -7,10 +7,10 @@ protocol with header and body timeouts; `ServerThread` in a background thread,
 The fastest installed are used: uvloop and httptools (core dependencies; uvicorn's own
 recommended extras), else asyncio's loop and h11. `RELAYRL_LOOP=asyncio` and `RELAYRL_HTTP=h11`
 force the fallbacks (to measure what each costs). A server run in a thread gets a fresh loop
-from `new_event_loop()`: uvloop loops work outside the main thread, and the callers turn off
-uvicorn's signal handlers there.
+from `new_event_loop()`: uvloop loops work outside the main thread, and uvicorn installs no
+signal handlers there.
 
-May import: uvicorn, uvloop, httptools, starlette. Nothing of relayrl's.
+May import: uvicorn, uvloop, httptools, h11, starlette. Nothing of relayrl's.
 """
 
 from __future__ import annotations
@@ -357,8 +357,7 @@ class ServerThread:
     def __init__(self, config: Any, name: str = "relayrl-server") -> None:
         import uvicorn
 
-        self.server = uvicorn.Server(config)
-        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self.server = uvicorn.Server(config)  # outside the main thread it leaves signals alone
         self.host: str = config.host
         self.name = name
         self._thread: threading.Thread | None = None

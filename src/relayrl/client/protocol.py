@@ -122,7 +122,7 @@ def error_message(resp: httpx.Response) -> str:
     """The message of a gateway's error answer (its text when it is not JSON)."""
     try:
         err = resp.json().get("error", {})
-        return err.get("message") if isinstance(err, dict) else str(err)
+        return str(err.get("message")) if isinstance(err, dict) else str(err)
     except ValueError:
         return resp.text[:200]
 

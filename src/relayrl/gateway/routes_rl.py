@@ -218,7 +218,7 @@ async def start_session(request: Request) -> Any:
             raise InvalidRequest(f"unknown query parameters: {', '.join(sorted(unknown))}")
         body = StartSession(group_id=q.get("group_id"), task_id=q.get("task_id"))
     else:
-        body: StartSession = await read_model(request, StartSession)
+        body = await read_model(request, StartSession)
     group = _group(body.group_id, body.task_id)
     if body.api_key is not None:
         check_chosen_key(deps, body.api_key)
