@@ -408,15 +408,21 @@ class _GatewayApp(FastAPI):
 
 
 def _answer(route: Handler) -> Handler:
-    """A JSON route for the fast path: its dict as JSON, its errors in OpenAI's error shape."""
+    """A JSON route for the fast path: its dict as JSON (or its own response), its errors in
+    OpenAI's error shape."""
 
     async def answer(request: Request) -> Response:
         try:
-            return JSONResponse(await route(request))
+            result = await route(request)
         except Exception as exc:  # what the app's exception handlers would have answered
             return await _relay_error(request, exc)
+        return result if isinstance(result, Response) else JSONResponse(result)
 
     return answer
+
+
+_FAST_RL = (routes_rl.start_session, routes_rl.end_session, routes_rl.set_reward)
+"""Session routes an agent calls once per episode, served on the fast path (every alias)."""
 
 
 def create_app(deps: GatewayDeps) -> FastAPI:
@@ -427,10 +433,8 @@ def create_app(deps: GatewayDeps) -> FastAPI:
                       openapi_url="/openapi.json", lifespan=_lifespan)
     app.fast = {"/v1/chat/completions": chat_completions, "/chat/completions": chat_completions,
                 "/v1/responses": responses, "/responses": responses, "/v1/messages": messages,
-                "/rl/start_session": _answer(routes_rl.start_session),
-                "/rl/end_session": _answer(routes_rl.end_session),
-                "/rl/v1/end_session": _answer(routes_rl.end_session),
-                "/rl/set_reward": _answer(routes_rl.set_reward)}
+                **{path: _answer(r.handler) for r in routes_rl.ROUTES if r.handler in _FAST_RL
+                   for path in r.paths if "{" not in path}}
     app.state.deps = deps
     # Sessions are reached by key only: header, or the key-addressed `/s/{key}/v1` base URL
     # (routes_rl_v1). There is no id-addressed form: an id names a session, it opens nothing.
