@@ -22,6 +22,7 @@ LAYERS: list[set[str]] = [
     {"router"},  # HTTP in front of gateways; imports chat (error bodies) only
     {"client"},
     {"workflow"},
+    {"envs"},  # published environments (reasoning-gym, verifiers) as agents and workflows
     {"rollout"},
     {"remote_rollout"},
     {"train"},

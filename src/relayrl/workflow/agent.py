@@ -190,6 +190,11 @@ class AgentWorkflow(RolloutWorkflow):
     async def _discard(self, session: SessionHandle) -> None:
         await discard_session(self.client, session)
 
+    def counters(self) -> dict[str, float]:
+        """The agent's own cumulative counters, when it keeps any (`agent.counters()`)."""
+        counters = getattr(self.agent, "counters", None)
+        return dict(counters()) if callable(counters) else {}
+
     async def aclose(self) -> None:
         """Wait for session releases in flight, then stop the worker processes."""
         if self._cleanups:
