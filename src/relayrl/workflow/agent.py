@@ -201,6 +201,9 @@ class AgentWorkflow(RolloutWorkflow):
             await asyncio.gather(*self._cleanups, return_exceptions=True)
         if self._pool is not None:
             await self._pool.aclose()
+        agent_close = getattr(self.agent, "aclose", None)
+        if self._pool is None and callable(agent_close):
+            await agent_close()  # what an inline agent serves (e.g. an environment's servers)
         if self._http is not None:
             await self._http.aclose()
             self._http = None
