@@ -7,7 +7,6 @@ with the real model is in tests/examples/test_reasoning_gym_example.py.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -54,12 +53,6 @@ def _ctx(i: int = 0, group: str = "grp-1", is_eval: bool = False) -> EpisodeCont
 def test_an_unknown_dataset_names_the_close_ones() -> None:
     with pytest.raises(ConfigError, match=r"no dataset .leg_countin.*leg_counting"):
         rgenv.make_items("leg_countin", size=2, seed=1)
-
-
-def test_a_missing_package_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import now fails
-    with pytest.raises(ImportError, match=r"pip install 'reasoning-gym"):
-        rgenv.make_items("leg_counting", size=2, seed=1)
 
 
 def test_bad_settings_list_the_datasets_own_settings() -> None:

@@ -126,6 +126,9 @@ class VerifiersAgent:
                  env: Mapping[str, Any] | None = None, model: str = "default",
                  max_tokens: int | None = 256, temperature: float | None = 1.0,
                  limit: int | None = None) -> None:
+        if not isinstance(harness, str) or not harness:
+            raise ConfigError(f"harness: give a verifiers harness id, got {harness!r} (for "
+                              'the chat loop write "null" in quotes: YAML reads null as none)')
         self.env_id = env_id
         self.taskset = dict(taskset or {})
         self.harness = harness
