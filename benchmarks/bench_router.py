@@ -88,11 +88,9 @@ def _stack() -> str:
     from relayrl.asgi import uvicorn_options
 
     opts = uvicorn_options()
-    router = ("uvicorn" if os.environ.get("RELAYRL_ROUTER_HTTP", "").lower() == "uvicorn"
-              else "its own HTTP/1.1 server")
-    return (f"gateways on uvicorn {version('uvicorn')} (loop {opts['loop']}, parser "
-            f"{opts['http']}); the router on {router} and its own client (httptools "
-            f"{version('httptools')}), loop {opts['loop']}, starlette {version('starlette')}")
+    return (f"gateways and the router on uvicorn {version('uvicorn')} (loop {opts['loop']}, "
+            f"parser {opts['http']}), the router relaying with aiohttp {version('aiohttp')}, "
+            f"starlette {version('starlette')}")
 
 
 def write_section(path: Path, section: str) -> None:

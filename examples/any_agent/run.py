@@ -48,15 +48,17 @@ class Service:
         self.log = log
         self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout_s  # loading the model, before it listens
-        while "relayrl service listening at" not in log.read_text():
+        # it prints its URL, then the lines that point agents at it (the key read from its file)
+        while "export RELAYRL_URL" not in log.read_text():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the service did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.5)
         line = next(x for x in log.read_text().splitlines() if "listening at" in x)
         self.url = line.rsplit(" ", 1)[-1]
-        key_line = next((x for x in log.read_text().splitlines() if "admin key in" in x), "")
-        key_file = key_line.split("admin key in ", 1)[-1].split(" ", 1)[0] if key_line else ""
-        self.admin_key = Path(key_file).read_text().strip() if key_file else ""
+        exports = [x for x in log.read_text().splitlines() if x.startswith("export ")]
+        shell = "\n".join([*exports, 'printf %s "${RELAYRL_API_KEY:-}"'])
+        self.admin_key = subprocess.run(["bash", "-c", shell], capture_output=True, text=True,
+                                        check=True, timeout=30).stdout
 
     def status(self) -> dict[str, Any]:
         """`GET /rl/v1/status`."""

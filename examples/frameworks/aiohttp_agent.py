@@ -2,7 +2,7 @@
 
     python examples/frameworks/aiohttp_agent.py
 
-As in seed 003's example: any client that can POST JSON can be trained. No relayrl import.
+Any client that can POST JSON can be trained. No relayrl import.
 """
 
 from __future__ import annotations
@@ -11,19 +11,19 @@ import json
 from typing import Any
 
 import aiohttp
-from mathtask import INSTRUCTIONS, TOOL_SCHEMAS, call_tool, check_answer, question
+from mathtask import INSTRUCTIONS, TOOL_SCHEMAS, call_tool, check_answer, question, service_root
 
 TOOLS = [{"type": "function", "function": t} for t in TOOL_SCHEMAS]
 
 
 async def run(task: dict[str, Any], *, base_url: str, api_key: str, max_tokens: int = 64,
-              max_turns: int = 4) -> float:
+              max_turns: int = 4, **extra: Any) -> float:
     """Answer the task's question; the reward is `check_answer` on the final text."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": INSTRUCTIONS},
                                       {"role": "user", "content": question(task)}]
     headers = {"authorization": f"Bearer {api_key}"}
     timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(base_url=base_url + "/", headers=headers,
+    async with aiohttp.ClientSession(base_url=service_root(base_url) + "/", headers=headers,
                                      timeout=timeout) as http:
         for _ in range(max_turns):
             async with http.post("v1/chat/completions", json={

@@ -10,16 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 import anthropic
-from mathtask import INSTRUCTIONS, TOOL_SCHEMAS, call_tool, check_answer, question
+from mathtask import INSTRUCTIONS, TOOL_SCHEMAS, call_tool, check_answer, question, service_root
 
 TOOLS = [{"name": t["name"], "description": t["description"], "input_schema": t["parameters"]}
          for t in TOOL_SCHEMAS]
 
 
 async def run(task: dict[str, Any], *, base_url: str, api_key: str, max_tokens: int = 64,
-              max_turns: int = 4) -> float:
+              max_turns: int = 4, **extra: Any) -> float:
     """Answer the task's question; the reward is `check_answer` on the final text."""
-    client = anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key, max_retries=0)
+    client = anthropic.AsyncAnthropic(base_url=service_root(base_url), api_key=api_key,
+                                      max_retries=0)
     messages: list[dict[str, Any]] = [{"role": "user", "content": question(task)}]
     try:
         for _ in range(max_turns):

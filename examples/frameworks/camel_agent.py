@@ -19,7 +19,7 @@ from camel.agents import ChatAgent
 from camel.models import OpenAICompatibleModel
 from camel.toolkits import FunctionTool
 from camel.utils import BaseTokenCounter
-from mathtask import INSTRUCTIONS, add, check_answer, multiply, question
+from mathtask import INSTRUCTIONS, add, check_answer, multiply, question, service_root
 
 
 class ByteCounter(BaseTokenCounter):
@@ -56,10 +56,11 @@ async def solve(agent: ChatAgent, task: dict[str, Any]) -> float:
 
 
 async def run(task: dict[str, Any], *, base_url: str, api_key: str, max_tokens: int = 64,
-              max_turns: int = 3) -> float:
+              max_turns: int = 3, **extra: Any) -> float:
     """Proxy way: CAMEL's OpenAI-compatible model over HTTP."""
     model = OpenAICompatibleModel("default", model_config_dict={"max_tokens": max_tokens},
-                                  url=base_url + "/v1", api_key=api_key, max_retries=0,
+                                  url=service_root(base_url) + "/v1", api_key=api_key,
+                                  max_retries=0,
                                   token_counter=ByteCounter())
     return await solve(make_agent(model, max_turns), task)
 
@@ -95,9 +96,9 @@ def main_direct(max_tokens: int = 64, max_turns: int = 3) -> None:
         async with await DirectClient.open(app, task_id="camel-direct") as client:
             reward = await run_direct(TASK, client, max_tokens=max_tokens,
                                       max_turns=max_turns)
-            await client.set_last_reward(reward)
+            client.set_last_reward(reward)
             rows = await client.export_interactions(style="individual")
-        trained = sum(sum(r["loss_mask"]) for r in rows)
+        trained = sum(sum(r.loss_mask) for r in rows.values())
         print(f"session {client.session.session_id}: reward {reward}, {len(rows)} recorded "
               f"calls, {trained} tokens under the loss mask")
 

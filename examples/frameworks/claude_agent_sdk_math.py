@@ -24,7 +24,7 @@ from claude_agent_sdk import (
     query,
     tool,
 )
-from mathtask import INSTRUCTIONS, check_answer, question
+from mathtask import INSTRUCTIONS, check_answer, question, service_root
 from mathtask import add as add_numbers
 from mathtask import multiply as multiply_numbers
 
@@ -48,7 +48,7 @@ class ClaudeApiError(RuntimeError):
 
 
 async def run(task: dict[str, Any], *, base_url: str, api_key: str, max_tokens: int = 64,
-              max_turns: int = 4) -> float:
+              max_turns: int = 4, **extra: Any) -> float:
     """Answer the task's question; the reward is `check_answer` on the final result."""
     options = ClaudeAgentOptions(
         system_prompt=INSTRUCTIONS,
@@ -59,7 +59,7 @@ async def run(task: dict[str, Any], *, base_url: str, api_key: str, max_tokens: 
         setting_sources=[],  # ignore the user's and the project's Claude settings
         model="default",
         max_turns=max_turns,
-        env={"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": api_key,
+        env={"ANTHROPIC_BASE_URL": service_root(base_url), "ANTHROPIC_API_KEY": api_key,
              "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_tokens),
              "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
              "HOME": os.environ.get("HOME", "/tmp")},

@@ -2,9 +2,11 @@
 
 The only file of the zoo that imports relayrl. `main(run)` gives every example the same command
 line: with `--gateway URL --admin-key KEY` it uses a running gateway, else it starts one on a
-loopback port over the default model. The agent `run(task, base_url=..., api_key=...,
-max_tokens=..., max_turns=...)` is ordinary framework code; `base_url` is the session's root URL (the
-Anthropic-style base; OpenAI-style clients append `/v1`) and `api_key` the session key.
+loopback port over the default model. The agent `run(task, *, base_url, api_key, max_tokens,
+max_turns, **extra)` is ordinary framework code, called exactly as the trainer calls a workflow's
+agent: `base_url` is the session's OpenAI-style base URL (`.../v1`; Anthropic-style clients take
+its root, `mathtask.service_root`), `api_key` the session key, and `extra` what else the trainer
+passes (its shared `http_client`), which the examples do not need.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from relayrl.gateway.server import GatewayThread, build_deps
 from relayrl.models import DEFAULT_MODEL, model_path
 
 Agent = Callable[..., Awaitable[float]]
-"""`async def run(task, *, base_url, api_key, max_tokens, max_turns) -> reward`."""
+"""`async def run(task, *, base_url, api_key, max_tokens, max_turns, **extra) -> reward`."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,7 @@ async def episode(gateway_url: str, admin_key: str | None, run: Agent, task: dic
     """Run `run` on `task` inside a fresh session; reward its last call; export the session."""
     async with SessionClient(gateway_url, admin_key) as gateway:
         handle = await gateway.start_session(task_id=task_id)
-        base_url = handle.base_url.removesuffix("/v1")
-        reward = await run(task, base_url=base_url, api_key=handle.api_key,
+        reward = await run(task, base_url=handle.base_url, api_key=handle.api_key,
                            max_tokens=max_tokens, **agent_kwargs)
         with contextlib.suppress(NotFound):  # an agent that made no call has nothing to reward
             await gateway.set_reward(handle, reward)

@@ -13,13 +13,13 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.errors import GraphRecursionError
 from langgraph.prebuilt import create_react_agent
-from mathtask import INSTRUCTIONS, add, check_answer, multiply, question
+from mathtask import INSTRUCTIONS, add, check_answer, multiply, question, service_root
 
 
 async def run(task: dict[str, Any], *, base_url: str, api_key: str, max_tokens: int = 64,
-              max_turns: int = 4) -> float:
+              max_turns: int = 4, **extra: Any) -> float:
     """Answer the task's question; the reward is `check_answer` on the last message."""
-    llm = ChatOpenAI(model="default", base_url=base_url + "/v1", api_key=api_key,
+    llm = ChatOpenAI(model="default", base_url=service_root(base_url) + "/v1", api_key=api_key,
                      max_tokens=max_tokens, max_retries=0)
     agent = create_react_agent(llm, tools=[tool(add), tool(multiply)], prompt=INSTRUCTIONS)
     try:

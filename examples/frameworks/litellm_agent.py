@@ -15,24 +15,19 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download at import
 
 import litellm
-from mathtask import (
-    INSTRUCTIONS,
-    TOOL_SCHEMAS,
-    call_tool,
-    check_answer,
-    question,
-)
+from mathtask import INSTRUCTIONS, TOOL_SCHEMAS, call_tool, check_answer, question, service_root
 
 TOOLS = [{"type": "function", "function": t} for t in TOOL_SCHEMAS]
 
 
 async def run(task: dict[str, Any], *, base_url: str, api_key: str, max_tokens: int = 64,
-              max_turns: int = 4) -> float:
+              max_turns: int = 4, **extra: Any) -> float:
     """Answer the task's question; the reward is `check_answer` on the final text."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": INSTRUCTIONS},
                                       {"role": "user", "content": question(task)}]
     for _ in range(max_turns):
-        response = await litellm.acompletion(model="openai/default", api_base=base_url + "/v1",
+        response = await litellm.acompletion(model="openai/default",
+                                             api_base=service_root(base_url) + "/v1",
                                              api_key=api_key, messages=messages, tools=TOOLS,
                                              max_tokens=max_tokens, num_retries=0)
         message = response.choices[0].message

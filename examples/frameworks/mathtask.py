@@ -31,6 +31,13 @@ def multiply(a: float, b: float) -> float:
     return a * b
 
 
+def service_root(base_url: str) -> str:
+    """The service's root URL from a base URL given either way: OpenAI-style (`.../v1`, as the
+    trainer passes a session's) or the root (Anthropic-style, what the Anthropic SDK takes)."""
+    root = base_url.rstrip("/")
+    return root.removesuffix("/v1")
+
+
 def question(task: dict[str, Any]) -> str:
     """The task's user message."""
     return str(task["messages"][-1]["content"])

@@ -2,7 +2,7 @@
 
     python examples/frameworks/openai_agents_responses.py
 
-The seed's agent, unchanged except for its model class: the chat-completions version is
+The math agent, unchanged except for its model class: the chat-completions version is
 `examples/math_agent/agent.py`. No relayrl import: only a base URL and a key.
 """
 
@@ -20,15 +20,15 @@ from agents import (
     function_tool,
     set_tracing_disabled,
 )
-from mathtask import INSTRUCTIONS, add, check_answer, multiply, question
+from mathtask import INSTRUCTIONS, add, check_answer, multiply, question, service_root
 from openai import AsyncOpenAI
 
 
 async def run(task: dict[str, Any], *, base_url: str, api_key: str, max_tokens: int = 64,
-              max_turns: int = 4) -> float:
+              max_turns: int = 4, **extra: Any) -> float:
     """Answer the task's question; the reward is `check_answer` on the final output."""
     set_tracing_disabled(True)  # the SDK would otherwise upload traces to OpenAI
-    client = AsyncOpenAI(base_url=base_url + "/v1", api_key=api_key, max_retries=0)
+    client = AsyncOpenAI(base_url=service_root(base_url) + "/v1", api_key=api_key, max_retries=0)
     agent = Agent(name="calculator", instructions=INSTRUCTIONS,
                   tools=[function_tool(add), function_tool(multiply)],
                   model=OpenAIResponsesModel(model="default", openai_client=client),

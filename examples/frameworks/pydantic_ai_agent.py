@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mathtask import INSTRUCTIONS, add, check_answer, multiply, question
+from mathtask import INSTRUCTIONS, add, check_answer, multiply, question, service_root
 from pydantic_ai import Agent
 from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded
 from pydantic_ai.models.openai import OpenAIChatModel
@@ -18,10 +18,10 @@ from pydantic_ai.usage import UsageLimits
 
 
 async def run(task: dict[str, Any], *, base_url: str, api_key: str, max_tokens: int = 64,
-              max_turns: int = 4) -> float:
+              max_turns: int = 4, **extra: Any) -> float:
     """Answer the task's question; the reward is `check_answer` on the output."""
-    model = OpenAIChatModel("default",
-                            provider=OpenAIProvider(base_url=base_url + "/v1", api_key=api_key))
+    provider = OpenAIProvider(base_url=service_root(base_url) + "/v1", api_key=api_key)
+    model = OpenAIChatModel("default", provider=provider)
     agent = Agent(model, instructions=INSTRUCTIONS, tools=[add, multiply], retries=1)
     try:
         result = await agent.run(question(task), model_settings={"max_tokens": max_tokens},

@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 import mathtask
-from mathtask import INSTRUCTIONS, check_answer, question
+from mathtask import INSTRUCTIONS, check_answer, question, service_root
 from smolagents import OpenAIServerModel, ToolCallingAgent, tool
 
 
@@ -41,7 +41,8 @@ def multiply(a: float, b: float) -> float:
 def solve(task: dict[str, Any], base_url: str, api_key: str, max_tokens: int,
           max_turns: int) -> float:
     """The synchronous agent run."""
-    model = OpenAIServerModel(model_id="default", api_base=base_url + "/v1", api_key=api_key,
+    model = OpenAIServerModel(model_id="default", api_base=service_root(base_url) + "/v1",
+                              api_key=api_key,
                               client_kwargs={"max_retries": 0}, max_tokens=max_tokens)
     agent = ToolCallingAgent(tools=[add, multiply], model=model, max_steps=max_turns,
                              instructions=INSTRUCTIONS, verbosity_level=0)
@@ -51,7 +52,7 @@ def solve(task: dict[str, Any], base_url: str, api_key: str, max_tokens: int,
 
 
 async def run(task: dict[str, Any], *, base_url: str, api_key: str, max_tokens: int = 64,
-              max_turns: int = 3) -> float:
+              max_turns: int = 3, **extra: Any) -> float:
     """Answer the task's question; the reward is `check_answer` on the final answer."""
     return await asyncio.to_thread(solve, task, base_url, api_key, max_tokens, max_turns)
 

@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from relayrl.errors import RelayError
+from relayrl.errors import ConfigError, RelayError
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -58,7 +58,16 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from relayrl.launch.run import run_from_config
 
-    result = run_from_config(args.config, args.overrides)
+    config, overrides = args.config, list(args.overrides)
+    if args.config_option is not None:  # `relayrl train --config CFG [overrides]`
+        if config is not None and "=" not in config:
+            raise ConfigError(f"two configs given: {config} and --config "
+                              f"{args.config_option}; name one")
+        config, overrides = args.config_option, [c for c in [config] if c] + overrides
+    if config is None:
+        raise ConfigError("name a config: relayrl train CONFIG [key=value ...] (or --config "
+                          "CONFIG)")
+    result = run_from_config(config, overrides)
     print(result.summary(), flush=True)
     return 0
 
@@ -128,6 +137,40 @@ def _cmd_view(args: argparse.Namespace) -> int:
     return int(view_main(rest))
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from relayrl import __version__
+    from relayrl.trajectory.atif import session_to_atif
+    from relayrl.trajectory.export import export_session
+    from relayrl.trajectory.interchange import write_jsonl, write_parquet
+    from relayrl.trajectory.store import InteractionLog
+
+    if not Path(args.log).is_file():
+        print(f"relayrl export: no durable log at {args.log}", file=sys.stderr)
+        return 2
+    with InteractionLog(args.log) as log:
+        sessions = [s for s in log.recover(include_closed=True)
+                    if s.interactions and (not args.session or s.id in args.session)]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.format == "atif":
+        for s in sessions:
+            traj = session_to_atif(s, agent_name=args.agent_name, agent_version=__version__,
+                                   model_name=args.model_name)
+            (out / f"{s.id}.json").write_text(json.dumps(traj, ensure_ascii=False))
+        print(f"wrote {len(sessions)} ATIF trajectories to {out}")
+        return 0
+    # aborted sessions are never training data; the ATIF export above keeps them (state in extra)
+    rows = [r for s in sessions if str(s.state) != "aborted"
+            for r in export_session(s, style=args.style)]
+    writer = write_jsonl if args.format == "jsonl" else write_parquet
+    n = writer(rows, out / f"trajectories.{args.format}")
+    print(f"wrote {n} rows of {len(sessions)} sessions to {out}")
+    return 0
+
+
 def _cmd_chat(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -138,6 +181,16 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     print(asyncio.run(answer(str(checkpoint), args.prompt, max_tokens=args.max_tokens,
                              system=args.system)))
     return 0
+
+
+def _config_flag_first(args: list[str]) -> list[str]:
+    """`args` with `--config X` moved to the front: overrides may come before or after it."""
+    for i, arg in enumerate(args):
+        if arg == "--config" and i + 1 < len(args):
+            return [arg, args[i + 1], *args[:i], *args[i + 2:]]
+        if arg.startswith("--config="):
+            return [arg, *args[:i], *args[i + 1:]]
+    return args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,8 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     gw.set_defaults(func=_cmd_gateway)
 
     tr = sub.add_parser("train", help="train an agent with RL (config YAML + dotted overrides)")
-    tr.add_argument("config", help="YAML config, e.g. examples/math_agent/config.yaml")
+    tr.add_argument("config", nargs="?", default=None,
+                    help="YAML config, e.g. examples/math_agent/config.yaml")
     tr.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-5")
+    tr.add_argument("--config", dest="config_option", default=None, metavar="CONFIG",
+                    help="the YAML config, as a flag (the same as the positional CONFIG)")
     tr.set_defaults(func=_cmd_train)
 
     sv = sub.add_parser("serve", help="the any-agent RL service: agents anywhere drive sessions, "
@@ -206,8 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     en.set_defaults(func=_cmd_engine)
 
     rs = sub.add_parser("rollout-server", add_help=False,
-                        help="the reference remote rollout server (seed 002): POST /rollout, "
-                        "GET /tools; `relayrl rollout-server --help` lists its flags")
+                        help="the reference remote rollout server: POST /rollout, GET /tools "
+                        "(an API key off loopback); `relayrl rollout-server --help` lists its "
+                        "flags")
     rs.add_argument("args", nargs=argparse.REMAINDER)
     rs.set_defaults(func=_cmd_rollout_server)
 
@@ -222,6 +279,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "serves the same page at /view); `relayrl view --help` lists its flags")
     vw.add_argument("args", nargs=argparse.REMAINDER)
     vw.set_defaults(func=_cmd_view)
+
+    ex = sub.add_parser("export", help="write recorded sessions from a gateway's durable log "
+                                       "(--log) as ATIF trajectories or training rows")
+    ex.add_argument("log", help="the SQLite durable log a gateway wrote (`relayrl gateway --log`)")
+    ex.add_argument("--format", choices=("atif", "jsonl", "parquet"), default="atif",
+                    help="atif: one ATIF v1.8 trajectory per session, tokens included; "
+                         "jsonl/parquet: relayrl's training rows")
+    ex.add_argument("--out", default="export", help="output directory")
+    ex.add_argument("--session", action="append", default=None,
+                    help="export only this session id (repeatable; default: all with calls)")
+    ex.add_argument("--style", default="concat", choices=("concat", "individual"),
+                    help="row style for jsonl/parquet")
+    ex.add_argument("--agent-name", default="relayrl-agent", help="ATIF agent.name")
+    ex.add_argument("--model-name", default=None, help="ATIF agent.model_name")
+    ex.set_defaults(func=_cmd_export)
 
     ch = sub.add_parser("chat", help="answer a prompt with a trained checkpoint")
     ch.add_argument("prompt")
@@ -241,6 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["rollout-server"], ["router"], ["view"]):  # own parsers: flags pass through
         argv = [argv[0], "--", *argv[1:]]
+    if argv[:1] == ["train"]:
+        argv = ["train", *_config_flag_first(argv[1:])]
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

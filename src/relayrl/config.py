@@ -35,6 +35,7 @@ from relayrl.gateway.config import GatewayConfig
 from relayrl.rollout.config import RolloutConfig
 from relayrl.rollout.external import ExternalConfig
 from relayrl.train.config import DataConfig, EvalConfig, SFTConfig, TrainConfig
+from relayrl.workflow.agent import AgentMode
 
 T = TypeVar("T")
 
@@ -101,6 +102,24 @@ _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 # PyYAML follows YAML 1.1, which reads `1e-6` (no dot) as a string: accept such text for floats.
 
 
+def config_from_args(argv: Sequence[str] | None = None, cls: type[T] = RelayConfig,  # type: ignore[assignment]
+                     prog: str | None = None) -> T:
+    """The config a script's command line names: `--config FILE` (optional) and `key=value`s.
+
+    For scripts run as `python train.py --config cfg.yaml rollout.group_size=4`; `argv`
+    defaults to `sys.argv[1:]`. A malformed command line exits with argparse's usage message.
+    """
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog=prog, description="Load a relayrl config: a YAML "
+                                     "file and dotted key=value overrides.")
+    parser.add_argument("--config", default=None, help="YAML config file")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-5")
+    args = parser.parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))
+    return load_config(cls, args.config, args.overrides)
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
     """Build dataclass `cls` from a YAML file (optional) and dotted `key=value` overrides."""
     data: dict[str, Any] = {}
@@ -152,6 +171,8 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     """Build dataclass `cls` from a mapping, checking every key and value against the hints."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{prefix or cls.__name__}: expected a mapping, got {data!r}")
+    if cls is RelayConfig and not prefix:
+        data = _from_areal_keys(data)
     fields = {f.name: f for f in dataclasses.fields(typing.cast(Any, cls)) if f.init}
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
@@ -168,6 +189,120 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
         return cls(**kwargs)
     except ValueError as e:  # ConfigError from __post_init__ included: say which section
         raise ConfigError(f"{prefix}: {e}" if prefix else str(e)) from e
+
+
+# -- keys of AReaL configs ---------------------------------------------------------------------
+# Configs ported from AReaL keep working where relayrl has the same setting under another name
+# (the key is rewritten), and fail naming relayrl's key where it does not (one edit, no guess).
+
+AREAL_RENAMED: dict[str, str] = {
+    "rollout.openai.mode": "rollout.agent.mode",
+    "rollout.openai.subproc_max_workers": "rollout.agent.subproc_max_workers",
+    "scheduler.type": "launcher",
+}
+"""AReaL keys accepted as the relayrl key they name (`rollout.dump_to_file` and
+`rollout.fileroot` are accepted too: together they are `rollout.dump_root`)."""
+
+AREAL_REFUSED: dict[str, str] = {
+    "tokenizer_path": "model (the policy's own tokenizer is always used)",
+    "rollout.tokenizer_path": "model (trajectory dumps are decoded with the policy's tokenizer)",
+    "actor.path": "model",
+    "cluster.fileroot": "fileroot",
+    "train_dataset.path": "data.train",
+    "valid_dataset.path": "data.eval",
+    "train_dataset.batch_size": "rollout.batch_size (groups per step)",
+    "gconfig.n_samples": "rollout.group_size",
+    "gconfig.max_new_tokens": "workflow_kwargs (the agent sets max_tokens on its calls)",
+    "gconfig.temperature": "workflow_kwargs (the agent sets temperature on its calls)",
+    "rollout.max_head_offpolicyness": "rollout.max_staleness",
+    "rollout.consumer_batch_size": "rollout.batch_size",
+    "total_train_epochs": "rollout.epochs (and train.total_steps, which ends the run)",
+    "total_train_steps": "train.total_steps",
+    "actor.optimizer.lr": "train.lr",
+}
+"""AReaL keys with no relayrl spelling: refused with the relayrl key that does the job."""
+
+
+def _from_areal_keys(data: Mapping[str, Any]) -> dict[str, Any]:
+    """`data` with AReaL's keys renamed to relayrl's; ConfigError for the ones relayrl lacks."""
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+    for key, relay_key in AREAL_REFUSED.items():
+        if _lookup(out, key) is not _ABSENT:
+            raise ConfigError(f"{key}: this is an AReaL key; relayrl's is {relay_key}")
+    rollout = out.get("rollout")
+    if isinstance(rollout, dict):
+        openai = rollout.get("openai")
+        if isinstance(openai, Mapping):
+            extra = sorted(set(openai) - {"mode", "subproc_max_workers"})
+            if extra:
+                raise ConfigError(f"rollout.openai.{extra[0]}: unknown key (relayrl's agent "
+                                  "settings are under rollout.agent)")
+    for key, relay_key in AREAL_RENAMED.items():
+        value = _lookup(out, key)
+        if value is _ABSENT:
+            continue
+        if _lookup(out, relay_key) is not _ABSENT:
+            raise ConfigError(f"{key} and {relay_key} are one setting (relayrl's name is "
+                              f"{relay_key}): set only one")
+        value = _convert(value, _AREAL_TYPES[key], f"{key} (relayrl's {relay_key})")
+        _move(out, key, relay_key, value)
+    rollout = out.get("rollout")  # (renaming copied the section)
+    if isinstance(rollout, dict):
+        _dump_settings(rollout, out.get("fileroot", RelayConfig.fileroot))
+    return out
+
+
+def _dump_settings(rollout: dict[str, Any], run_fileroot: Any) -> None:
+    """AReaL's `dump_to_file` and `fileroot` in `rollout`, as relayrl's `dump_root`."""
+    if "dump_to_file" not in rollout:
+        if "fileroot" in rollout:
+            raise ConfigError("rollout.fileroot: relayrl's key is rollout.dump_root (where "
+                              "trajectory dumps go; setting it turns dumps on)")
+        return
+    if "dump_root" in rollout:
+        raise ConfigError("rollout.dump_to_file and rollout.dump_root are one setting: "
+                          "set only rollout.dump_root (relayrl's key)")
+    dump = _convert(rollout.pop("dump_to_file"), bool, "rollout.dump_to_file")
+    root = rollout.pop("fileroot", None)
+    if dump:  # as in AReaL, dumps go under the run's fileroot unless rollout.fileroot says
+        rollout["dump_root"] = run_fileroot if root is None else root
+
+
+_ABSENT = object()
+_AREAL_TYPES: dict[str, Any] = {
+    "rollout.openai.mode": AgentMode,
+    "rollout.openai.subproc_max_workers": int,
+    "scheduler.type": Literal["local", "ray"],  # AReaL's slurm has no relayrl launcher
+}
+
+
+def _lookup(data: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _ABSENT
+        node = node[part]
+    return node
+
+
+def _move(data: dict[str, Any], old: str, new: str, value: Any) -> None:
+    *parents, leaf = old.split(".")
+    node = data
+    chain = []
+    for part in parents:  # copy the sections on the way: the caller's mapping is not changed
+        node[part] = dict(node[part])
+        chain.append((node, part))
+        node = node[part]
+    del node[leaf]
+    for parent, part in reversed(chain):  # sections left empty go (AReaL-only ones included)
+        if not parent[part]:
+            del parent[part]
+    *parents, leaf = new.split(".")
+    node = data
+    for part in parents:
+        node[part] = dict(node.get(part) or {})
+        node = node[part]
+    node[leaf] = value
 
 
 def _suggest(key: str, fields: Mapping[str, Any], prefix: str) -> str:
@@ -329,6 +464,8 @@ def _type_name(tp: Any) -> str:
         return f"{getattr(origin, '__name__', str(origin))}[{inner}]"
     if tp is type(None):
         return "None"
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "one of " + ", ".join(repr(m.value) for m in tp)
     if dataclasses.is_dataclass(tp):
         return f"a mapping ({tp.__name__})"
     return getattr(tp, "__name__", str(tp))

@@ -104,3 +104,7 @@ class Unavailable(RelayError):
 
 class EpisodeFailed(RelayError, RuntimeError):
     """An episode's own code failed (agent, reward function, subprocess): it is aborted."""
+
+
+class RolloutFailed(EpisodeFailed):
+    """Episodes keep failing (`rollout.max_consecutive_aborts` in a row): the run stops."""

@@ -246,7 +246,7 @@ BAD_REQUESTS = [
     ({"top_p": 0}, "top_p"),
     ({"top_k": -5}, "top_k"),
     ({"repetition_penalty": 1.5}, "repetition_penalty"),
-    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0"),
+    ({"tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools.0"),
     ({"tools": [TOOLS[0], TOOLS[0]]}, "tools[1]"),
     ({"tools": TOOLS, "tool_choice": {"type": "tool"}}, "tool_choice.name"),
     ({"tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
@@ -433,3 +433,18 @@ def test_stream_ended_without_finish_closes_its_blocks_as_cut_off() -> None:
     streamed = accumulate(frames)
     assert [e.type for e in events(frames)].count("content_block_stop") == 1
     assert (streamed.content[0].text, streamed.stop_reason) == ("par", "max_tokens")
+
+
+def test_server_tools_are_left_out_and_client_options_recorded() -> None:
+    body = wire.parse_body({
+        "model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search"},
+                  {"name": "Read", "input_schema": {"type": "object"}}],
+        "thinking": {"type": "adaptive"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"}})
+    req = wire.to_request(body)
+    assert [t.name for t in req.conversation.tools] == ["Read"]
+    assert req.metadata["server_tools"] == ["web_search_20250305"]
+    assert req.metadata["context_management"]["edits"][0]["keep"] == "all"
+    assert req.conversation.template_kwargs["reasoning_effort"] == "high"

@@ -29,9 +29,23 @@ async def test_direct_client_records_rewards_and_exports_like_the_http_path(app)
         await client.set_reward(r1.id, 0.5)
         await client.set_last_reward(1.0)
         rows = await client.export_interactions(style="individual", discount=1.0)
-        assert [r["reward"] for r in rows] == [pytest.approx(1.5), pytest.approx(1.0)]
+        assert [r.reward for r in rows.values()] == [pytest.approx(1.5), pytest.approx(1.0)]
         # export is idempotent: calling again (session already ended) gives the same rows
+        assert client.export_interactions(style="individual") is rows
         assert await client.export_interactions(style="individual") == rows
+
+
+async def test_an_unawaited_export_of_an_app_bound_client_is_never_taken_for_rows(app) -> None:
+    async with await DirectClient.open(app) as client:
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}])
+        client.set_last_reward(1.0)  # plain: queued, sent with the export
+        pending = client.export_interactions()
+        with pytest.raises(TypeError, match="awaited"):
+            len(pending)
+        with pytest.raises(AttributeError, match="awaited"):
+            pending.items()
+        rows = await pending
+        assert [r.reward for r in rows.values()] == [1.0]
 
 
 async def test_direct_client_streams_through_the_same_routes(app) -> None:

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (pip install "
-                    "'relayrl[envs]')")
+                    "'relayrl[reasoning-gym]')")
 
 from relayrl.client.session_client import SessionClient
 from relayrl.envs import reasoning_gym as rgenv

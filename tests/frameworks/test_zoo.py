@@ -34,21 +34,21 @@ class Framework:
     replies: tuple[str, ...]
 
     def run(self) -> Callable[..., Awaitable[float]]:
-        """The example's agent, as `run(task, *, base_url, api_key, max_tokens, max_turns)`."""
+        """The example's `run(task, *, base_url, api_key, max_tokens, max_turns, **extra)`."""
         if self.module == "math_agent":
             return math_agent_run
         return importlib.import_module(self.module).run
 
 
 async def math_agent_run(task: dict[str, Any], *, base_url: str, api_key: str,
-                         max_tokens: int = 64, max_turns: int = 4) -> float:
+                         max_tokens: int = 64, max_turns: int = 4, **extra: Any) -> float:
     """examples/math_agent's MathAgent (openai-agents over Chat Completions), as it is."""
     spec = importlib.util.spec_from_file_location("zoo_math_agent", MATH_AGENT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     agent = module.MathAgent(max_tokens=max_tokens, max_turns=max_turns)
-    return await agent.run(task, base_url=base_url + "/v1", api_key=api_key)
+    return await agent.run(task, base_url=base_url, api_key=api_key, **extra)
 
 
 ANSWER = "6 times 7 is 42."

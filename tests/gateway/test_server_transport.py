@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 
-from relayrl.gateway.server import _CoalescingTransport
+from relayrl.asgi import _CoalescingTransport
 from tests.gateway.conftest import fake_gateway
 
 

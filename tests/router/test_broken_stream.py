@@ -50,7 +50,7 @@ async def test_a_broken_stream_ends_with_an_error_frame(path: str, check) -> Non
                                      base_url="http://router") as client:
             r = await asyncio.wait_for(client.post(path, json={"stream": True}), 10)
     finally:
-        router.close()
+        await router.aclose()
         server.close()
         await server.wait_closed()
     assert r.status_code == 200 and r.content.startswith(FIRST)

@@ -84,7 +84,7 @@ async def test_a_client_leaving_mid_body_sends_nothing_to_the_gateway() -> None:
         await asyncio.wait_for(router.app()(scope, receive, send), 5)
         await asyncio.sleep(0.1)
     finally:
-        router.close()
+        await router.aclose()
         server.close()
         await server.wait_closed()
     assert requests == [] and sent == []

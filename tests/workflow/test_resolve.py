@@ -58,7 +58,7 @@ def test_group_size_above_one_wraps_in_a_group() -> None:
         ("no_such_module_xyz.Agent", None, "cannot import module 'no_such_module_xyz'"),
         ("tests.workflow.helpers.NoSuchThing", None, "has no 'NoSuchThing'"),
         ("justaname", None, "not of the form 'module.Name'"),
-        ("tests.workflow.helpers.make_td", None, "cannot use a function"),
+        ("tests.workflow.helpers.make_td", None, "needs a gateway"),  # a function: an agent
         (42, None, "cannot use a int"),
         (dict, None, "neither a RolloutWorkflow nor an agent"),
         (LengthWorkflow(), {"delay_s": 1}, "pass the class"),

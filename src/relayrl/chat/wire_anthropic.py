@@ -97,7 +97,7 @@ def to_request(body: MessagesRequest) -> CompletionRequest:
     if body.max_tokens is None:
         raise invalid("max_tokens is required", "max_tokens")
     check_extensions(body.model_extra or {})
-    tools = _tools(body.tools)
+    tools, server_tools = _tools(body.tools)
     choice = _tool_choice(body.tool_choice)
     check_tool_choice(choice, tools)
     parallel = None if body.tool_choice is None else body.tool_choice.disable_parallel_tool_use
@@ -112,6 +112,14 @@ def to_request(body: MessagesRequest) -> CompletionRequest:
             kwargs.setdefault("enable_thinking", body.thinking.type == "enabled")
     if body.metadata:
         meta["metadata"] = body.metadata
+    if server_tools:
+        meta["server_tools"] = server_tools  # the policy cannot run them: left out of the prompt
+    if body.context_management:
+        meta["context_management"] = body.context_management
+    if body.output_config:
+        meta["output_config"] = body.output_config
+        if body.output_config.get("effort") is not None:
+            kwargs.setdefault("reasoning_effort", body.output_config["effort"])
     conv = Conversation(messages=_messages(body), tools=tools, tool_choice=choice,
                         template_kwargs=kwargs)
     params = sampling_params(max_tokens=body.max_tokens, temperature=body.temperature,
@@ -122,16 +130,26 @@ def to_request(body: MessagesRequest) -> CompletionRequest:
                              stream=bool(body.stream), metadata=meta)
 
 
-def _tools(specs: list[ToolParam] | None) -> tuple[Tool, ...]:
+# Tools Anthropic's servers run (search, fetch, code execution): the policy cannot, so they are
+# left out of the prompt and named in the call's metadata. Anthropic-defined client tools
+# (`bash_*`, `text_editor_*`, `computer_*`) carry no schema we could render: still refused.
+_SERVER_TOOL_PREFIXES = ("web_search_", "web_fetch_", "code_execution_", "tool_search_tool_")
+
+
+def _tools(specs: list[ToolParam] | None) -> tuple[tuple[Tool, ...], list[str]]:
     tools = []
+    server: list[str] = []
     for i, s in enumerate(specs or ()):
+        if s.type is not None and s.type.startswith(_SERVER_TOOL_PREFIXES):
+            server.append(s.type)
+            continue
         if s.type not in (None, "custom"):
-            raise invalid(f"tool type {s.type!r} is not supported (custom tools only)",
-                          f"tools.{i}")
+            raise invalid(f"tool type {s.type!r} is not supported (custom tools, or server "
+                          "tools, which are left out)", f"tools.{i}")
         tools.append(Tool(name=s.name, description=s.description or "",
                           parameters=s.input_schema or {}))
     check_tools(tools, "tools")
-    return tuple(tools)
+    return tuple(tools), server
 
 
 def _tool_choice(tc: ToolChoiceParam | None) -> ToolChoice:

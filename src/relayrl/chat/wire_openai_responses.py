@@ -38,21 +38,32 @@ from relayrl.chat.conversation import (
     ToolCallDelta,
     ToolChoice,
 )
+from relayrl.chat.responses_tools import (
+    ToolKinds,
+    call_item,
+    custom_call,
+    namespaced_call,
+    render_tools,
+    shell_call,
+    streams_as_function,
+)
 from relayrl.chat.schema.openai_responses import (
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
     FunctionCallItem,
     FunctionCallOutputItem,
-    FunctionTool,
     InputContentPart,
+    LocalShellCallItem,
     MessageItem,
     ReasoningItem,
     ResponsesRequest,
     ToolChoiceObject,
 )
 from relayrl.chat.wire_common import (
+    MAX_TOKENS_LIMIT,
     check_extensions,
     check_parallel,
     check_tool_choice,
-    check_tools,
     invalid,
     join_text,
     openai_error_body,
@@ -72,6 +83,13 @@ STATUSES: dict[ReplyFinish, str] = {
     "abort": "incomplete",
 }
 _INCOMPLETE_REASONS: dict[ReplyFinish, str | None] = {"length": "max_output_tokens", "abort": None}
+# Output items of hosted tools: the policy never writes them, so one in `input` was served by
+# someone else; it is left out of the prompt (and named in the call's metadata) rather than
+# refused, since leaving it out changes no token the policy sampled.
+_HOSTED_ITEM_TYPES = frozenset({"web_search_call", "file_search_call", "image_generation_call",
+                                "code_interpreter_call", "tool_search_call", "tool_search_output"})
+TOOL_KINDS_KEY = "responses_tools"
+"""Where a request's metadata keeps its `ToolKinds` (how rendered tools map to wire items)."""
 
 
 # ---------------------------------------------------------------- request
@@ -86,12 +104,14 @@ def to_request(body: ResponsesRequest) -> CompletionRequest:
     """Convert a Responses request into the wire-neutral `CompletionRequest`."""
     _refuse_unhonoured(body)
     check_extensions(body.model_extra or {})
-    tools = _tools(body.tools)
+    tools, kinds = render_tools(body.tools)
     tools, choice = _tool_choice(body.tool_choice, tools)
     check_tool_choice(choice, tools)
     check_parallel(body.parallel_tool_calls, tools, choice)
     kwargs = dict(body.chat_template_kwargs or {})
     meta: dict[str, Any] = {"wire": "openai.responses"}
+    if not kinds.plain() or kinds.hosted:
+        meta[TOOL_KINDS_KEY] = kinds.as_dict()
     if body.reasoning is not None:
         # we cannot change how much the policy reasons; templates that know the effort render it
         meta["reasoning"] = body.reasoning.model_dump(exclude_none=True)
@@ -101,9 +121,15 @@ def to_request(body: ResponsesRequest) -> CompletionRequest:
         meta["metadata"] = body.metadata
     if body.user:
         meta["user"] = body.user
-    conv = Conversation(messages=_messages(body), tools=tools, tool_choice=choice,
+    messages, left_out = _messages(body)
+    if left_out:
+        meta["left_out_items"] = left_out
+    conv = Conversation(messages=messages, tools=tools, tool_choice=choice,
                         template_kwargs=kwargs)
-    params = sampling_params(max_tokens=body.max_output_tokens, temperature=body.temperature,
+    # No max_output_tokens means no limit on this API: the room the context leaves (the gateway
+    # clamps to it), not a default cap that would end the reply `incomplete`.
+    max_tokens = MAX_TOKENS_LIMIT if body.max_output_tokens is None else body.max_output_tokens
+    params = sampling_params(max_tokens=max_tokens, temperature=body.temperature,
                              top_p=body.top_p, top_k=body.top_k, stop=(), seed=None,
                              top_logprobs=0, names={"max_tokens": "max_output_tokens"})
     return CompletionRequest(conversation=conv, params=params, model=body.model, n=1,
@@ -128,18 +154,6 @@ def _refuse_unhonoured(body: ResponsesRequest) -> None:
     if "message.output_text.logprobs" in (body.include or ()) or body.top_logprobs:
         raise invalid("logprobs are not offered on /v1/responses; use /v1/chat/completions",
                       "top_logprobs" if body.top_logprobs else "include")
-
-
-def _tools(specs: list[FunctionTool] | None) -> tuple[Tool, ...]:
-    tools = []
-    for i, s in enumerate(specs or ()):
-        if s.type != "function" or not s.name:
-            raise invalid(f"tool type {s.type!r} is not supported (function tools only)",
-                          f"tools[{i}]")
-        tools.append(Tool(name=s.name, description=s.description or "",
-                          parameters=s.parameters or {}))
-    check_tools(tools)
-    return tuple(tools)
 
 
 def _tool_choice(tc: str | ToolChoiceObject | None,
@@ -174,12 +188,13 @@ class _AssistantTurn:
                        reasoning=self.reasoning, tool_calls=tuple(self.calls))
 
 
-def _messages(body: ResponsesRequest) -> tuple[Message, ...]:
+def _messages(body: ResponsesRequest) -> tuple[tuple[Message, ...], list[str]]:
     out: list[Message] = []
+    left_out: list[str] = []
     if body.instructions:
         out.append(Message(role="system", content=body.instructions))
     if isinstance(body.input, str):
-        return (*out, Message(role="user", content=body.input))
+        return (*out, Message(role="user", content=body.input)), left_out
     turn = _AssistantTurn()
     names: dict[str, str] = {}  # call_id -> function name, for tool messages
 
@@ -200,9 +215,18 @@ def _messages(body: ResponsesRequest) -> tuple[Message, ...]:
             role = "user" if item.role == "user" else "system"
             out.append(Message(role=role, content=_text(item.content, where)))
         elif isinstance(item, FunctionCallItem):
-            turn.calls.append(ToolCall(id=item.call_id, name=item.name, arguments=item.arguments))
-            names[item.call_id] = item.name
-        elif isinstance(item, FunctionCallOutputItem):
+            call = (namespaced_call(item.call_id, item.namespace, item.name, item.arguments)
+                    if item.namespace else
+                    ToolCall(id=item.call_id, name=item.name, arguments=item.arguments))
+            turn.calls.append(call)
+            names[item.call_id] = call.name
+        elif isinstance(item, CustomToolCallItem | LocalShellCallItem):
+            call = (custom_call(item.call_id, item.name, item.input)
+                    if isinstance(item, CustomToolCallItem) else shell_call(item.call_id,
+                                                                            item.action))
+            turn.calls.append(call)
+            names[item.call_id] = call.name
+        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
             flush()
             out.append(Message(role="tool", content=_text(item.output, where),
                                tool_call_id=item.call_id,
@@ -212,12 +236,14 @@ def _messages(body: ResponsesRequest) -> tuple[Message, ...]:
                 flush()
             parts = item.content if item.content else item.summary
             turn.reasoning = join_text([p.text for p in parts])
+        elif item.type in _HOSTED_ITEM_TYPES:
+            left_out.append(item.type)
         else:
             raise invalid(f"input item type {item.type!r} is not supported", where)
     flush()
     if not out:
         raise invalid("input must not be empty", "input")
-    return tuple(out)
+    return tuple(out), left_out
 
 
 def _text(content: str | list[InputContentPart], where: str) -> str:
@@ -250,20 +276,27 @@ def render_completion(c: Completion, request: CompletionRequest | None = None) -
     ch = c.choices[0]
     rid = with_prefix(c.id, ID_PREFIX)
     return response_object(rid, c.model, c.created, finish=ch.finish_reason,
-                           output=output_items(rid, ch.reply, ch.finish_reason),
+                           output=output_items(rid, ch.reply, ch.finish_reason, _kinds(request)),
                            usage=usage(c.prompt_tokens, c.completion_tokens),
                            request=request, interaction_id=ch.interaction_id)
 
 
-def output_items(rid: str, reply: ParsedReply, finish: ReplyFinish) -> list[dict[str, Any]]:
-    """Output items of a reply: reasoning, message, then one function call item per call."""
+def _kinds(request: CompletionRequest | None) -> ToolKinds:
+    return ToolKinds.from_dict(request.metadata.get(TOOL_KINDS_KEY) if request else None)
+
+
+def output_items(rid: str, reply: ParsedReply, finish: ReplyFinish,
+                 kinds: ToolKinds | None = None) -> list[dict[str, Any]]:
+    """Output items of a reply: reasoning, message, then one call item per tool call."""
+    kinds = kinds or ToolKinds()
     items: list[dict[str, Any]] = []
     if reply.reasoning:
         items.append(_reasoning_item(item_id("rs", rid, len(items)), reply.reasoning))
     if reply.content:
         items.append(_message_item(item_id("msg", rid, len(items)), reply.content))
     for call in reply.tool_calls:
-        items.append(_call_item(item_id("fc", rid, len(items)), call.id, call.name, call.arguments))
+        items.append(call_item(kinds, item_id("fc", rid, len(items)), call.id, call.name,
+                               call.arguments, "completed"))
     if items and STATUSES[finish] != "completed":
         items[-1]["status"] = "incomplete"  # the reply was cut inside its last item
     return items
@@ -339,12 +372,6 @@ def _reasoning_item(id_: str, text: str, status: str = "completed") -> dict[str,
     return {"id": id_, "type": "reasoning", "summary": [], "content": content, "status": status}
 
 
-def _call_item(id_: str, call_id: str, name: str, arguments: str,
-               status: str = "completed") -> dict[str, Any]:
-    return {"id": id_, "type": "function_call", "call_id": call_id, "name": name,
-            "arguments": arguments, "status": status}
-
-
 # ---------------------------------------------------------------- streaming
 
 
@@ -359,6 +386,8 @@ class _OpenItem:
     call_id: str = ""
     name: str = ""
     tool_index: int = -1
+    whole: bool = False
+    """A custom or shell call: sent whole when it ends, not as argument deltas."""
 
 
 class StreamEncoder:
@@ -381,6 +410,7 @@ class StreamEncoder:
         self._open: _OpenItem | None = None
         self._finish: ReplyFinish | None = None
         self._interaction_id: str | None = None
+        self._kinds = _kinds(request)
 
     @classmethod
     def for_request(cls, req: CompletionRequest, completion_id: str,
@@ -473,16 +503,20 @@ class StreamEncoder:
         if d.id is not None:
             frames = self._close(last=False)
             out_index = len(self._items)
+            name = d.name or ""
             self._open = _OpenItem("function_call", out_index, item_id("fc", self.id, out_index),
-                                   call_id=d.id, name=d.name or "", tool_index=d.index)
-            added = _call_item(self._open.id, d.id, self._open.name, "", "in_progress")
-            frames.append(self._event("response.output_item.added", output_index=out_index,
-                                      item=added))
+                                   call_id=d.id, name=name, tool_index=d.index,
+                                   whole=not streams_as_function(self._kinds, name))
+            if not self._open.whole:
+                added = call_item(self._kinds, self._open.id, d.id, name, "", "in_progress")
+                frames.append(self._event("response.output_item.added", output_index=out_index,
+                                          item=added))
         item = self._open
         if item is None or item.kind != "function_call" or item.tool_index != d.index:
             raise ValueError(f"arguments for tool call {d.index} arrived after it was closed")
         if d.arguments:
             item.text += d.arguments
+        if d.arguments and not item.whole:
             frames.append(self._event("response.function_call_arguments.delta", item_id=item.id,
                                       output_index=item.index, delta=d.arguments))
         return frames
@@ -494,8 +528,11 @@ class StreamEncoder:
         cut = last and self._finish is not None and STATUSES[self._finish] != "completed"
         status = "incomplete" if cut else "completed"
         at = {"item_id": item.id, "output_index": item.index}
-        if item.kind == "function_call":
-            done = _call_item(item.id, item.call_id, item.name, item.text, status)
+        if item.kind == "function_call" and item.whole:
+            done = call_item(self._kinds, item.id, item.call_id, item.name, item.text, status)
+            frames = self._whole_call(item, done)
+        elif item.kind == "function_call":
+            done = call_item(self._kinds, item.id, item.call_id, item.name, item.text, status)
             frames = [self._event("response.function_call_arguments.done", **at,
                                   arguments=item.text)]
         elif item.kind == "reasoning":
@@ -513,6 +550,19 @@ class StreamEncoder:
         self._items.append(done)
         return [*frames, self._event("response.output_item.done", output_index=item.index,
                                      item=done)]
+
+    def _whole_call(self, item: _OpenItem, done: dict[str, Any]) -> list[str]:
+        at = {"item_id": item.id, "output_index": item.index}
+        added = {**done, "status": "in_progress"}
+        if done["type"] == "custom_tool_call":
+            added["input"] = ""
+        frames = [self._event("response.output_item.added", output_index=item.index, item=added)]
+        if done["type"] == "custom_tool_call":
+            frames += [self._event("response.custom_tool_call_input.delta", **at,
+                                   delta=done["input"]),
+                       self._event("response.custom_tool_call_input.done", **at,
+                                   input=done["input"])]
+        return frames
 
 
 __all__ = [

@@ -26,7 +26,6 @@ import contextvars
 import logging
 import os
 import threading
-import time
 from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +33,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from relayrl.client.session_client import _error_from
-from relayrl.errors import CapacityExhausted, ConfigError, SessionClosed
+from relayrl.client import protocol
+from relayrl.errors import ConfigError, RelayError, SessionClosed
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +249,24 @@ class AgentSession:
         """Environment for an agent in another process: OPENAI_BASE_URL and OPENAI_API_KEY."""
         return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key}
 
+    # ---- running the protocol's operations (relayrl.client.protocol) ----
+
+    async def _run(self, op: protocol.Operation[protocol.T]) -> protocol.T:
+        async with httpx.AsyncClient(timeout=self.timeout_s) as c:
+            with _unbound():
+                return await protocol.run_async(op, c, self.root_url)
+
+    def _run_sync(self, op: protocol.Operation[protocol.T]) -> protocol.T:
+        with httpx.Client(timeout=self.timeout_s) as c, _unbound():
+            return protocol.run_sync(op, c, self.root_url)
+
+    def _start_op(self) -> protocol.Operation[tuple[protocol.SessionHandle, int]]:
+        return protocol.start_session(self._service_key, self.group_id, self.metadata,
+                                      wait_s=self.start_wait_s)
+
+    def _abort_op(self, exc_type: Any, exc: Any) -> protocol.Operation[dict[str, Any]]:
+        return protocol.abort(self.api_key, _reason(exc_type, exc))
+
     # ---- async use ----
 
     def _once(self, sync: bool) -> None:
@@ -259,97 +276,49 @@ class AgentSession:
 
     async def __aenter__(self) -> AgentSession:
         self._once(False)
-        async with self._client() as c:
-            await self._start(c)
+        self._started(*await self._run(self._start_op()))
         self._bind()
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
-            async with self._client() as c:
-                if exc_type is not None:
-                    await self._call(c, "/rl/v1/abort", {"reason": _reason(exc_type, exc)},
-                                     abort=True)
-                elif self._finalized is None:
-                    await self._finalize(c, self.reward)
+            if exc_type is not None:
+                try:
+                    self._answer(await self._run(self._abort_op(exc_type, exc)))
+                except (httpx.HTTPError, RelayError) as e:
+                    self._abort_failed(e)
+            elif self._finalized is None:
+                await self._finalize(self.reward)
         finally:
             self._unbind()
 
-    async def _start(self, c: httpx.AsyncClient) -> None:
-        deadline = time.monotonic() + self.start_wait_s
-        body = {"group_id": self.group_id, "metadata": self.metadata}
-        headers = {"authorization": f"Bearer {self._service_key}"} if self._service_key else {}
-        for _ in range(1 << 20):  # bounded by the deadline below, not by this count
-            with _unbound():
-                resp = await c.post(self.root_url + "/rl/v1/start_session", json=body,
-                                    headers=headers)
-            wait = self._retry_wait(resp, deadline)
-            if wait is None:
-                break
-            await asyncio.sleep(wait)
-        self._started(resp)
-
-    async def _finalize(self, c: httpx.AsyncClient, reward: float | None) -> dict[str, Any]:
-        self._finalized = await self._call(c, "/rl/v1/finalize", {"final_reward": reward})
+    async def _finalize(self, reward: float | None) -> dict[str, Any]:
+        self._finalized = self._answer(await self._run(protocol.finalize(self.api_key, reward)))
         self._check_final(reward)
         return self._finalized
-
-    async def _call(self, c: httpx.AsyncClient, path: str, body: dict[str, Any],
-                    abort: bool = False) -> dict[str, Any]:
-        try:
-            with _unbound():
-                resp = await c.post(self.root_url + path, json=body,
-                                    headers=self._session_headers())
-        except httpx.HTTPError as e:
-            if not abort:
-                raise
-            return self._abort_failed(e)
-        return self._answer(resp, path, abort)
-
-    def _client(self) -> Any:
-        return httpx.AsyncClient(timeout=self.timeout_s)
 
     # ---- sync use ----
 
     def __enter__(self) -> AgentSession:
         self._once(True)
-        with httpx.Client(timeout=self.timeout_s) as c:
-            deadline = time.monotonic() + self.start_wait_s
-            body = {"group_id": self.group_id, "metadata": self.metadata}
-            headers = {"authorization": f"Bearer {self._service_key}"} if self._service_key else {}
-            for _ in range(1 << 20):  # bounded by the deadline, not by this count
-                with _unbound():
-                    resp = c.post(self.root_url + "/rl/v1/start_session", json=body,
-                                  headers=headers)
-                wait = self._retry_wait(resp, deadline)
-                if wait is None:
-                    break
-                time.sleep(wait)
-            self._started(resp)
+        self._started(*self._run_sync(self._start_op()))
         self._bind()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
             if exc_type is not None:
-                self._sync_call("/rl/v1/abort", {"reason": _reason(exc_type, exc)}, abort=True)
+                try:
+                    self._answer(self._run_sync(self._abort_op(exc_type, exc)))
+                except (httpx.HTTPError, RelayError) as e:
+                    self._abort_failed(e)
             elif self._finalized is None:
                 self._sync_finalize(self.reward)
         finally:
             self._unbind()
 
-    def _sync_call(self, path: str, body: dict[str, Any], abort: bool = False) -> dict[str, Any]:
-        try:
-            with httpx.Client(timeout=self.timeout_s) as c, _unbound():
-                resp = c.post(self.root_url + path, json=body, headers=self._session_headers())
-        except httpx.HTTPError as e:
-            if not abort:
-                raise
-            return self._abort_failed(e)
-        return self._answer(resp, path, abort)
-
     def _sync_finalize(self, reward: float | None) -> dict[str, Any]:
-        self._finalized = self._sync_call("/rl/v1/finalize", {"final_reward": reward})
+        self._finalized = self._answer(self._run_sync(protocol.finalize(self.api_key, reward)))
         self._check_final(reward)
         return self._finalized
 
@@ -360,13 +329,12 @@ class AgentSession:
         if completion_id is None:
             self.reward = float(reward)
             return _done(None) if not self._sync else None
-        body = {"completion_id": completion_id, "reward": reward}
+        op = protocol.set_reward(self.api_key, reward, completion_id)
         if self._sync:
-            return self._sync_call("/rl/v1/set_reward", body)
+            return self._answer(self._run_sync(op))
 
         async def go() -> dict[str, Any]:
-            async with self._client() as c:
-                return await self._call(c, "/rl/v1/set_reward", body)
+            return self._answer(await self._run(op))
         return go()
 
     def finalize(self, reward: float | None = None) -> Any:
@@ -374,42 +342,16 @@ class AgentSession:
         final = self.reward if reward is None else float(reward)
         if self._sync:
             return self._sync_finalize(final)
-
-        async def go() -> dict[str, Any]:
-            async with self._client() as c:
-                return await self._finalize(c, final)
-        return go()
+        return self._finalize(final)
 
     # ---- shared ----
 
-    def _retry_wait(self, resp: httpx.Response, deadline: float) -> float | None:
-        """Seconds to wait before starting again after a 429, or None to stop trying."""
-        if resp.status_code != 429:
-            return None
-        try:
-            wait = float(resp.headers.get("retry-after", "1"))
-        except ValueError:  # an HTTP date: not worth parsing, the service sends seconds
-            wait = 1.0
-        wait = min(max(wait, 0.05), 3600.0)  # never a busy loop, never a day
-        if time.monotonic() + wait > deadline:
-            raise CapacityExhausted(
-                f"the service refused new sessions for longer than {self.start_wait_s} s "
-                f"({self.start_waits} waits): {_message(resp)}")
-        self.start_waits += 1
-        log.info("service busy (429); starting the session again in %.1f s", wait)
-        return wait
-
-    def _started(self, resp: httpx.Response) -> None:
-        if resp.status_code >= 400:
-            raise _error_from(resp)
-        data = resp.json()
-        self.session_id = data["session_id"]
-        self._key = data["api_key"]
-        self._base_url = data["base_url"]
+    def _started(self, handle: protocol.SessionHandle, waits: int) -> None:
+        self.start_waits = waits
+        self.session_id = handle.session_id
+        self._key = handle.api_key
+        self._base_url = handle.base_url
         self.state = "open"
-
-    def _session_headers(self) -> dict[str, str]:
-        return {"authorization": f"Bearer {self.api_key}"}
 
     def _abort_failed(self, err: Exception) -> dict[str, Any]:
         # the block is already failing with its own exception: say why the abort did not take
@@ -418,13 +360,7 @@ class AgentSession:
         log.warning("session %s: abort failed: %s: %s", self.session_id, type(err).__name__, err)
         return {}
 
-    def _answer(self, resp: httpx.Response, path: str, abort: bool) -> dict[str, Any]:
-        if resp.status_code >= 400:
-            err = _error_from(resp)
-            if abort:
-                return self._abort_failed(err)
-            raise err
-        data = resp.json()
+    def _answer(self, data: dict[str, Any]) -> dict[str, Any]:
         if "state" in data:
             self.state = data["state"]
         return data
@@ -458,14 +394,6 @@ def current() -> str | None:
 def _reason(exc_type: Any, exc: Any) -> str:
     # the type only: an exception's message may hold the agent's data, which stays here
     return str(getattr(exc_type, "__name__", "error"))[:200]
-
-
-def _message(resp: httpx.Response) -> str:
-    try:
-        err = resp.json().get("error", {})
-        return err.get("message", "") if isinstance(err, dict) else str(err)
-    except ValueError:
-        return resp.text[:200]
 
 
 def _done(value: Any) -> Awaitable[Any]:

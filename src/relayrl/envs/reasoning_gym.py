@@ -40,7 +40,7 @@ from relayrl.workflow import AsyncRewardWrapper
 from relayrl.workflow.context import get as current_context
 
 PIP_INSTALL = "pip install 'reasoning-gym>=0.1.19,<0.2'"
-"""What to run when reasoning-gym is missing (also in `pip install 'relayrl[envs]'`)."""
+"""What to run when reasoning-gym is missing (also in `pip install 'relayrl[reasoning-gym]'`)."""
 
 SPEC_KEY = "reasoning_gym"
 """The item key that names an entry: dataset, config, seed, size, index."""
@@ -52,7 +52,7 @@ def require() -> ModuleType:
         import reasoning_gym
     except ImportError as e:
         raise ImportError(f"relayrl.envs.reasoning_gym needs the reasoning-gym package: "
-                          f"{PIP_INSTALL} (or pip install 'relayrl[envs]')") from e
+                          f"{PIP_INSTALL} (or pip install 'relayrl[reasoning-gym]')") from e
     return reasoning_gym
 
 

@@ -270,6 +270,11 @@ async def messages(request: Request) -> Any:
     return await answer_completion(request, ANTHROPIC)
 
 
+async def root() -> dict[str, str]:
+    """The service's name: what a client's reachability check (`HEAD /`) is answered."""
+    return {"object": "relayrl.gateway", "status": "ok"}
+
+
 async def count_tokens(request: Request) -> JSONResponse:
     """Anthropic `count_tokens`: the prompt's length as this policy's template renders it."""
     request.state.wire = ANTHROPIC
@@ -403,15 +408,21 @@ class _GatewayApp(FastAPI):
 
 
 def _answer(route: Handler) -> Handler:
-    """A JSON route for the fast path: its dict as JSON, its errors in OpenAI's error shape."""
+    """A JSON route for the fast path: its dict as JSON (or its own response), its errors in
+    OpenAI's error shape."""
 
     async def answer(request: Request) -> Response:
         try:
-            return JSONResponse(await route(request))
+            result = await route(request)
         except Exception as exc:  # what the app's exception handlers would have answered
             return await _relay_error(request, exc)
+        return result if isinstance(result, Response) else JSONResponse(result)
 
     return answer
+
+
+_FAST_RL = (routes_rl.start_session, routes_rl.end_session, routes_rl.set_reward)
+"""Session routes an agent calls once per episode, served on the fast path (every alias)."""
 
 
 def create_app(deps: GatewayDeps) -> FastAPI:
@@ -422,10 +433,8 @@ def create_app(deps: GatewayDeps) -> FastAPI:
                       openapi_url="/openapi.json", lifespan=_lifespan)
     app.fast = {"/v1/chat/completions": chat_completions, "/chat/completions": chat_completions,
                 "/v1/responses": responses, "/responses": responses, "/v1/messages": messages,
-                "/rl/start_session": _answer(routes_rl.start_session),
-                "/rl/end_session": _answer(routes_rl.end_session),
-                "/rl/v1/end_session": _answer(routes_rl.end_session),
-                "/rl/set_reward": _answer(routes_rl.set_reward)}
+                **{path: _answer(r.handler) for r in routes_rl.ROUTES if r.handler in _FAST_RL
+                   for path in r.paths if "{" not in path}}
     app.state.deps = deps
     # Sessions are reached by key only: header, or the key-addressed `/s/{key}/v1` base URL
     # (routes_rl_v1). There is no id-addressed form: an id names a session, it opens nothing.
@@ -436,6 +445,10 @@ def create_app(deps: GatewayDeps) -> FastAPI:
     app.add_route("/v1/messages", messages, methods=["POST"])
     app.add_route("/v1/messages/count_tokens", count_tokens, methods=["POST"])
     app.add_api_route("/v1/models", list_models, methods=["GET"])
+    # Clients check that a base URL answers before their first call (Claude Code sends
+    # `HEAD /` to ANTHROPIC_BASE_URL, which is a session's `/s/{key}`): a plain 200, no data
+    for path in ("/", "/s/{session_key}", "/s/{session_key}/"):
+        app.add_api_route(path, root, methods=["GET", "HEAD"])
     routes_rl.register(app)
     routes_rl_v1.register(app)
     app.mount("/view", viewer.for_gateway(deps))  # relayrl view: watch sessions live

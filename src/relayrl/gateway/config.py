@@ -14,8 +14,8 @@ class GatewayConfig:
     model: str = "smollm2-135m-instruct"  # packaged name, local HF dir or hub id
     engine: str = "local"                 # "local" (in-process model), "vllm" (a server) or "fake" (scripted, for tests)
     engine_url: str | None = None         # the vLLM server's root URL when engine is "vllm"
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = "127.0.0.1"               # address to bind; off loopback needs admin_key
+    port: int = 8000                      # port to bind
     admin_key: str | None = None          # required to bind off loopback
     log_path: str | None = None           # SQLite log; a restart on the same file recovers sessions
     session_ttl_s: float = 3600.0         # idle seconds before an open session is aborted

@@ -381,6 +381,7 @@ def record(deps: GatewayDeps, session: Session | None, call: PreparedCall, index
         prompt_ids=tuple(call.prompt_ids),
         output=out,
         finish_reason=finish,
+        metadata=call.request.metadata,
     )
     session.record(interaction)  # journaled to the durable log before memory changes
     return iid

@@ -26,8 +26,15 @@ import relayrl
 from relayrl.chat.schema.anthropic_messages import MessagesRequest
 from relayrl.chat.schema.openai_chat import ChatCompletionRequest
 from relayrl.chat.schema.openai_responses import ResponsesRequest
-from relayrl.gateway.routes_rl import ExportRequest, SessionRef, SetReward, StartSession
-from relayrl.gateway.routes_rl_v1 import SESSION_PREFIX, AbortV1, FinalizeV1, StartSessionV1
+from relayrl.gateway.routes_rl import (
+    SESSION_PREFIX,
+    AbortV1,
+    ExportRequest,
+    FinalizeV1,
+    SessionRef,
+    SetReward,
+    StartSession,
+)
 
 _REF = "#/components/schemas/{model}"
 
@@ -47,7 +54,7 @@ RL_BODIES: dict[str, type[BaseModel]] = {
     "/export_trajectories": ExportRequest,
     "/rl/ack_export": SessionRef,
     "/rl/abort_session": SessionRef,
-    "/rl/v1/start_session": StartSessionV1,
+    "/rl/v1/start_session": StartSession,
     "/rl/v1/set_reward": SetReward,
     "/rl/v1/finalize": FinalizeV1,
     "/rl/v1/abort": AbortV1,

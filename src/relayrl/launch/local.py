@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from relayrl.client import SessionClient
+from relayrl.client import RunEngine, SessionClient
 from relayrl.config import RelayConfig
 from relayrl.engine import InferenceEngine, load_engine
 from relayrl.engine.local import LocalEngine
@@ -124,13 +124,15 @@ def serving_gateway_config(cfg: RelayConfig, model_dir: str, *,
 
 def rollout_controller(wf: RolloutWorkflow, dataset: Sequence[dict[str, Any]],
                        rollout: RolloutConfig, version_fn: Callable[[], int], cfg: RelayConfig,
-                       model_dir: str) -> RolloutController:
-    """A rollout controller running `wf` over `dataset`, with this run's dump settings."""
+                       model_dir: str, engine: RunEngine | None = None) -> RolloutController:
+    """A rollout controller running `wf` over `dataset`, with this run's dump settings;
+    `engine` is what every `arun_episode` is handed."""
     decode = None
     if rollout.dump_root:  # dumps belong to this run, and are read by people: decode text
         rollout = replace(rollout, experiment=cfg.experiment_name, trial=cfg.trial_name)
         decode = tokenizer_decoder(model_dir)
-    return RolloutController(wf, dataset, rollout, version_fn=version_fn, decode=decode)
+    return RolloutController(wf, dataset, rollout, version_fn=version_fn, decode=decode,
+                             engine=engine)
 
 
 @dataclass
@@ -160,7 +162,15 @@ class LocalServices:
         """A rollout controller running `workflow` over `dataset` against this gateway."""
         wf = build_workflow(workflow, workflow_kwargs, rollout.group_size, self.client,
                             rollout.agent_config())
-        return rollout_controller(wf, dataset, rollout, version_fn, self.config, self.model_dir)
+        return rollout_controller(wf, dataset, rollout, version_fn, self.config, self.model_dir,
+                                  engine=self.run_engine())
+
+    def run_engine(self) -> RunEngine:
+        """The engine workflows are handed: this run's engine (with replicas, each request goes
+        to the next replica) and its gateway, for direct generation and `DirectClient`."""
+        return RunEngine(self.engine, self.client,
+                         stop_token_ids=self.gateway.deps.renderer.stop_token_ids,
+                         model_dir=self.model_dir)
 
     async def aclose(self) -> None:
         """Close the client, stop the gateway, then the engine."""

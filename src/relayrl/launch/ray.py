@@ -8,6 +8,9 @@
   exported by the driver, as with every launcher, and the task gets only the gateway's URL and
   the session's key (`base_url`, `api_key`, and `OPENAI_BASE_URL` / `OPENAI_API_KEY` set in its
   environment), so the agent's own SDK calls reach the gateway from the worker process.
+- A `RolloutWorkflow` runs in the driver; the `RunEngine` its episodes are handed sends direct
+  generation requests to the actor's engine (`RayEngine`) and opens `DirectClient` sessions on
+  the actor's gateway.
 - The trainer (the `Actor`, its optimizer and the loop) stays in the driver process: on one node
   that *is* its placement; it owns the only copy of the trainable weights and needs no actor.
 
@@ -26,11 +29,11 @@ import inspect
 import os
 import pickle
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from relayrl.client import SessionClient
+from relayrl.client import RunEngine, SessionClient
 from relayrl.client.session_client import SessionHandle
 from relayrl.config import RelayConfig
 from relayrl.errors import ConfigError, EpisodeFailed
@@ -45,6 +48,7 @@ from relayrl.launch.local import (
 )
 from relayrl.rollout import RolloutConfig, RolloutController
 from relayrl.train.actor import Actor
+from relayrl.types import GenerateOutput, GenerateRequest, TokenChunk
 from relayrl.workflow import AgentConfig, RolloutWorkflow, resolve_workflow
 from relayrl.workflow.agent import AgentMode, AgentWorkflow, has_run
 from relayrl.workflow.resolve import import_dotted
@@ -87,7 +91,13 @@ class GatewayEngineHost:
         self.engine, self.managed = await start_engine(self.config, _ModelAt(self.model_dir))
         gw_cfg = serving_gateway_config(self.config, self.model_dir)
         self.gateway = GatewayThread(build_deps(gw_cfg, engine=self.engine)).start()
-        return {"url": self.gateway.url, "pid": os.getpid()}
+        return {"url": self.gateway.url, "pid": os.getpid(),
+                "context_length": int(self.engine.context_length),
+                "stop_token_ids": list(self.gateway.deps.renderer.stop_token_ids)}
+
+    async def generate(self, request: GenerateRequest) -> GenerateOutput:
+        """A workflow's direct request (`RunEngine.generate`), sampled by this actor's engine."""
+        return await self.engine.generate(request)
 
     async def update_weights(self, weights: Mapping[str, Any], version: int) -> int:
         """Load `weights` into the engine (Ray has resolved the object reference already)."""
@@ -108,6 +118,31 @@ class GatewayEngineHost:
         if self.managed is not None:
             self.managed.stop()
             self.managed = None
+
+
+class RayEngine:
+    """The engine in the Ray actor as workflows call it: each request goes to the actor."""
+
+    def __init__(self, host: Any, sink: RayWeightSink, context_length: int) -> None:
+        self.host = host
+        self.sink = sink
+        self.context_length = context_length
+
+    @property
+    def version(self) -> int:
+        """The version the actor's engine was last given (the trainer's latest)."""
+        return self.sink.version
+
+    async def generate(self, request: GenerateRequest) -> GenerateOutput:
+        """Sample a whole completion in the actor."""
+        output: GenerateOutput = await self.host.generate.remote(request)
+        return output
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        """The whole completion as one chunk (Ray hands back results, not streams)."""
+        out = await self.generate(request)
+        yield TokenChunk(out.output_ids, out.logprobs, out.versions, out.top_logprobs,
+                         out.finish_reason, out.stop_string, out.timings)
 
 
 class RayWeightSink:
@@ -231,6 +266,10 @@ class RayServices:
     private Ray)."""
     closed_version: int | None = field(default=None)
     """The engine's weight version when the services were closed."""
+    context_length: int = 0
+    """The actor's engine's context length (for workflows' direct requests)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """The model's end-of-turn ids (added to workflows' direct requests, as the gateway does)."""
 
     def batches(self, workflow: Any, workflow_kwargs: dict[str, Any] | None,
                 dataset: Sequence[dict[str, Any]], rollout: RolloutConfig,
@@ -238,7 +277,10 @@ class RayServices:
         """A rollout controller whose agents run as Ray tasks against the actor's gateway."""
         wf = build_ray_workflow(workflow, workflow_kwargs, rollout.group_size, self.client,
                                 rollout.agent_config())
-        return rollout_controller(wf, dataset, rollout, version_fn, self.config, self.model_dir)
+        engine = RunEngine(RayEngine(self.host, self.engine, self.context_length), self.client,
+                           stop_token_ids=self.stop_token_ids, model_dir=self.model_dir)
+        return rollout_controller(wf, dataset, rollout, version_fn, self.config, self.model_dir,
+                                  engine=engine)
 
     async def aclose(self) -> None:
         """Close the client, stop the actor's gateway and engine, end the actor and Ray."""
@@ -308,5 +350,7 @@ class RayLauncher:
         client = SessionClient(started["url"], admin_key=cfg.gateway_config().admin_key,
                                timeout_s=cfg.rollout.episode_timeout_s)
         self.last_services = RayServices(sink, host, client, cfg, actor.model_dir(),
-                                         started["url"], started["pid"], owns)
+                                         started["url"], started["pid"], owns,
+                                         context_length=started["context_length"],
+                                         stop_token_ids=tuple(started["stop_token_ids"]))
         return self.last_services

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from relayrl.gateway.config import GatewayConfig
 from relayrl.gateway.server import GatewayThread, build_deps, ensure_admin_key, is_loopback
 from relayrl.router.config import RouterConfig
 from relayrl.router.server import RouterThread
+from relayrl.types import GenerateOutput, GenerateRequest, TokenChunk
 
 
 @dataclass
@@ -73,6 +74,7 @@ class AllEngines:
         if not engines:
             raise ValueError("AllEngines needs at least one engine")
         self.engines = list(engines)
+        self._turn = -1
 
     @property
     def version(self) -> int:
@@ -96,6 +98,23 @@ class AllEngines:
                               f"{len(self.engines)} replicas ({which}); versions now served: "
                               f"{serving}") from failed[0][1]
         return self.version
+
+    @property
+    def context_length(self) -> int:
+        """The shortest context of the replicas."""
+        return min(e.context_length for e in self.engines)
+
+    def _next(self) -> InferenceEngine:
+        self._turn = (self._turn + 1) % len(self.engines)
+        return self.engines[self._turn]
+
+    async def generate(self, request: GenerateRequest) -> GenerateOutput:
+        """A workflow's direct request, on the replicas in turn."""
+        return await self._next().generate(request)
+
+    def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        """A workflow's direct streamed request, on the replicas in turn."""
+        return self._next().stream(request)
 
     async def aclose(self) -> None:
         """Close every engine (all are tried; the first error is raised after)."""

@@ -1,4 +1,4 @@
-"""`RemoteRolloutWorkflow`: train on episodes that an external rollout server runs (seed 002).
+"""`RemoteRolloutWorkflow`: train on episodes that an external rollout server runs.
 
 Per episode: open a gateway session, POST `/rollout` to the server with the session's URL as
 the callback (`server_url`) and its key as `callback_api_key`, wait for the answer, turn
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -72,6 +73,7 @@ class RemoteRolloutConfig:
     capacity_wait_s: float = 60.0
     capacity_poll_s: float = 0.25
     reward_timeout_s: float = 15.0
+    server_api_key: str | None = field(default=None, repr=False)  # else $ROLLOUT_SERVER_API_KEY
 
     def __post_init__(self) -> None:
         if self.on_mask_mismatch not in MASK_POLICIES:
@@ -178,6 +180,10 @@ class RemoteRolloutWorkflow(RolloutWorkflow):
             self._http = pooled_client(self.config.rollout_timeout_s)
         return self._http
 
+    def _server_headers(self) -> dict[str, str]:
+        key = self.config.server_api_key or os.environ.get("ROLLOUT_SERVER_API_KEY") or None
+        return {"authorization": f"Bearer {key}"} if key else {}
+
     async def tools(self) -> list[ToolDefinition]:
         """The server's tools, fetched once (`GET /tools`) and kept."""
         if self._tools is not None:
@@ -185,7 +191,8 @@ class RemoteRolloutWorkflow(RolloutWorkflow):
         async with self._tools_lock:
             if self._tools is None:
                 try:
-                    resp = await self.http.get(f"{self.server_url}/tools", timeout=30.0)
+                    resp = await self.http.get(f"{self.server_url}/tools", timeout=30.0,
+                                               headers=self._server_headers())
                     resp.raise_for_status()
                     self._tools = ToolsResponse.model_validate(resp.json()).tools
                 except (httpx.HTTPError, ValueError, ValidationError) as e:
@@ -244,7 +251,8 @@ class RemoteRolloutWorkflow(RolloutWorkflow):
     async def _post_rollout(self, req: RolloutRequest) -> RolloutResponse:
         url = f"{self.server_url}/rollout"
         try:
-            resp = await self.http.post(url, json=req.model_dump(mode="json"))
+            resp = await self.http.post(url, json=req.model_dump(mode="json"),
+                                        headers=self._server_headers())
         except httpx.HTTPError as e:
             self.stats["errors"] += 1
             raise EpisodeFailed(f"POST {url} failed: {type(e).__name__}: {e}") from e

@@ -24,6 +24,11 @@ class RolloutConfig:
     max_concurrent_rollouts: int = 32    # episodes running at once (each holds a gateway session)
     max_staleness: int = 1               # admit while accepted+running groups <= (v+this+1)·batch
     episode_timeout_s: float = 600.0     # an episode running longer is aborted
+    # the run stops with an error (RolloutFailed, naming the last episode's exception, where it
+    # was raised, and the count) once this many episodes in a row have aborted (raised, timed
+    # out, returned something malformed) with none finished or rejected in between; what was
+    # recorded before (metrics, checkpoints, dumps) stays. None: never stop (not recommended)
+    max_consecutive_aborts: int | None = 64
     # agents: mode, workers, export style, credit rule, discount, capacity wait (one section)
     agent: AgentConfig = field(default_factory=AgentConfig)
     shuffle: bool = True                 # shuffle the dataset each epoch
@@ -69,6 +74,9 @@ class RolloutConfig:
                               f"be >= group_size ({self.group_size}): a group starts at once")
         if self.max_staleness < 0:
             raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.max_consecutive_aborts is not None and self.max_consecutive_aborts < 1:
+            raise ConfigError(f"max_consecutive_aborts must be >= 1 or None, got "
+                              f"{self.max_consecutive_aborts}")
         if self.episode_timeout_s <= 0:
             raise ConfigError(f"episode_timeout_s must be > 0, got {self.episode_timeout_s}")
         if self.dynamic_sampling_budget < 0:

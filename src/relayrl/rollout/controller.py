@@ -9,7 +9,10 @@ first, as one `RowBatch` (torch-free rows with per-row episode and group ids) pl
 the trainer makes tensors from it.
 
 Aborted episodes (the agent raised, hung past the timeout, the engine or gateway failed) are
-counted and their errors kept; their calls never reach a batch. Sessions and capacity are
+counted and their errors kept; their calls never reach a batch. Once `max_consecutive_aborts`
+episodes in a row have aborted, nothing more is admitted and `next_batch` raises
+`RolloutFailed` naming the last error, where it was raised, and the count: a workflow whose
+every episode fails stops the run instead of relaunching episodes forever. Sessions and capacity are
 released by the workflow on every path, including cancellation by `aclose`.
 
 Tradeoff: a group is all-or-nothing for admission (its members start together, so they sample
@@ -52,7 +55,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from relayrl.errors import ConfigError, InvalidRequest
+from relayrl.errors import ConfigError, InvalidRequest, RolloutFailed
 from relayrl.rollout.config import RolloutConfig
 from relayrl.rollout.staleness import StalenessGate
 from relayrl.trajectory.batch import RowBatch
@@ -189,7 +192,8 @@ class RolloutController:
     """Runs `workflow` over `dataset` under `config`; `await next_batch()` for training rows.
 
     `version_fn` (if given) is read whenever admission is decided; otherwise the version is
-    whatever `set_version` last said. `engine` is passed to `arun_episode` (agents ignore it).
+    whatever `set_version` last said. `engine` is passed to every `arun_episode` (the launchers
+    hand the run's `RunEngine`; agents ignore it).
     """
 
     def __init__(self, workflow: RolloutWorkflow, dataset: Sequence[dict[str, Any]],
@@ -257,6 +261,10 @@ class RolloutController:
         self._staleness_sum = 0
         self._errors: deque[str] = deque(maxlen=_KEEP_ERRORS)
         self._abort_reasons: Counter[str] = Counter()
+        self._aborts_in_a_row = 0
+        self._failure: RolloutFailed | None = None
+        """Set once `max_consecutive_aborts` episodes in a row aborted: nothing more is
+        admitted and `next_batch` raises it."""
         self._bar = tqdm(desc="rollout", unit="ep", disable=not config.progress, leave=False)
         self._closed = False
 
@@ -369,6 +377,7 @@ class RolloutController:
         g = self.config.group_size
         version = self.version
         while (not self._paused and not self._exhausted and not self._growths_waiting
+               and self._failure is None
                and self._running_episodes + g <= self.config.max_concurrent_rollouts
                and self._room(version)):
             index = next(self._order, None)
@@ -543,12 +552,34 @@ class RolloutController:
             first_line = (outcome.error or "").splitlines()[0] if outcome.error else ""
             self._errors.append(f"{outcome.ctx.episode_id}: {first_line}")
             self._abort_reasons[first_line.split(":", 1)[0].strip() or "unknown"] += 1
-            log.warning("episode %s aborted: %s", outcome.ctx.episode_id, first_line)
+            self._aborts_in_a_row += 1
+            if self._failure is None:
+                log.warning("episode %s aborted: %s", outcome.ctx.episode_id, first_line)
+                self._check_failing(outcome)
+        else:
+            self._aborts_in_a_row = 0
         self._bar.update(1)
         s = self._counts
         self._bar.set_postfix(run=self._running_episodes, ok=s[EpisodeStatus.FINISHED],
                               rej=s[EpisodeStatus.REJECTED], abort=s[EpisodeStatus.ABORTED],
                               stale=f"{self._mean_staleness():.2f}", refresh=False)
+
+    def _check_failing(self, outcome: EpisodeOutcome) -> None:
+        """Stop the rollouts once `max_consecutive_aborts` episodes in a row have aborted."""
+        limit = self.config.max_consecutive_aborts
+        if limit is None or self._aborts_in_a_row < limit:
+            return
+        error = (outcome.error or "unknown error").splitlines()[0]
+        where = f", raised at {outcome.where}" if outcome.where else ""
+        reasons = ", ".join(f"{k}: {v}" for k, v in self._abort_reasons.most_common())
+        self._failure = RolloutFailed(
+            f"{self._aborts_in_a_row} episodes in a row aborted with none finishing "
+            f"(rollout.max_consecutive_aborts: {limit}); the last: {error}{where}. Aborted "
+            f"episodes by error so far: {reasons}. Fix the workflow, or raise "
+            "rollout.max_consecutive_aborts if its episodes may fail this often")
+        log.error("rollouts stopped: %s", self._failure)
+        self._notify()
+        self._poke()
 
     def _dump(self, group: _Group) -> None:
         if self._dumper is None:
@@ -574,6 +605,8 @@ class RolloutController:
         self.start()
         assert self._changed is not None and self._feeder is not None
         while len(self._ready) < self.config.batch_size:  # ends: groups finish or data ends
+            if self._failure is not None:
+                raise self._failure
             if self._feeder.done():
                 self._feeder.result()  # re-raise a feeder failure
                 if not self._ready:

@@ -2,7 +2,7 @@
 training job per tenant), session-affine, relaying completions byte for byte.
 
 Names load on first use (PEP 562). May import: relayrl.errors, relayrl.chat (error bodies),
-starlette, httptools, uvicorn (optional server), pyyaml. Never the gateway's internals (gateways are reached over
+starlette, aiohttp, uvicorn, pyyaml. Never the gateway's internals (gateways are reached over
 HTTP), nor client or anything above, nor torch.
 """
 

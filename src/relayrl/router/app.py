@@ -11,11 +11,15 @@ logs a key. With tenants, a key must be a tenant's key or a session key bound
 through it, and a tenant's calls only ever reach that tenant's own backends.
 
 A relayed call takes the short way through: raw ASGI in and out (no Starlette request or
-response objects), and the router's own keep-alive client (`upstream.py`) out to the gateway.
-Starlette serves the lifespan and the answers the router writes itself (errors, fan-outs).
+response objects), and aiohttp's keep-alive client out to the gateway: the request target and
+body go out as the client sent them, and the answer's status, raw headers and body bytes come
+back without decoding (no cookies kept, no headers added but `host` and `content-length`).
+aiohttp rather than httpx: on the router's benchmark it adds about half the time and CPU per
+call that httpx's core does (`benchmarks/RESULTS.md`, "Router overhead"). Starlette serves the
+lifespan and the answers the router writes itself (errors, fan-outs).
 
-May import: starlette, httptools, relayrl.errors, relayrl.asgi (stream disconnects), relayrl.chat (error
-bodies), relayrl.router.
+May import: starlette, aiohttp, yarl, relayrl.errors, relayrl.asgi (stream disconnects), relayrl.chat
+(error bodies), relayrl.router.
 Never the gateway's internals (it talks to gateways over HTTP only), nor torch.
 """
 
@@ -33,10 +37,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
+from yarl import URL
 
 from relayrl.asgi import StreamState, watch_disconnect
 from relayrl.chat import wire_anthropic, wire_openai_chat
@@ -49,7 +55,6 @@ from relayrl.errors import (
     RelayError,
 )
 from relayrl.router.config import RouterConfig, Tenant
-from relayrl.router.upstream import Conn, Pool, UpstreamError, UpstreamUnreachable
 
 log = logging.getLogger("relayrl.router")
 
@@ -62,6 +67,13 @@ _KEYS = (b"authorization", b"x-api-key")
 _START = frozenset({"/rl/start_session", "/rl/v1/start_session"})
 _BY_ID_BODY = frozenset({"/export_trajectories", "/rl/ack_export", "/rl/abort_session"})
 _FAN_SUM = {"/grant_capacity": "capacity"}
+_UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)
+"""A gateway that failed: connection lost, no byte within the read timeout, or a bad answer."""
+_UNREACHABLE = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+"""No connection to the gateway could be opened."""
+KEEPALIVE_S = 4.0
+"""A connection to a gateway idle this long is not reused: the gateway (uvicorn, 5 s keep-alive
+by default) may be closing it just as a request goes out."""
 
 
 @dataclass(eq=False)
@@ -78,20 +90,17 @@ class Backend:
     """Open sessions at the last health check."""
     started: int = 0
     """Sessions this router started there since that check."""
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 600.0
-    pool: Pool = field(init=False, repr=False)
-    """Keep-alive connections to this backend."""
-    prefix: bytes = field(init=False, repr=False)
-    """The URL's path, put before every forwarded path."""
+    origin: str = field(init=False, repr=False)
+    """Scheme, host and port, and the URL's path (put before every forwarded path)."""
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
-        tls = parts.scheme == "https"
-        self.pool = Pool(parts.hostname or "127.0.0.1", parts.port or (443 if tls else 80),
-                         tls=tls, connect_timeout_s=self.connect_timeout_s,
-                         read_timeout_s=self.read_timeout_s)
-        self.prefix = parts.path.rstrip("/").encode("latin-1")
+        self.origin = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+
+    def url_for(self, target: bytes) -> URL:
+        """The URL of `target` (raw path and query) at this backend, sent as is (no decoding
+        and re-encoding)."""
+        return URL(self.origin + target.decode("latin-1"), encoded=True)
 
     @property
     def load(self) -> int:
@@ -201,6 +210,11 @@ def stream_error_frame(path: str, exc: RelayError) -> bytes:
     return (f"event: {event}\ndata: {data}\n\n" if event else f"data: {data}\n\n").encode()
 
 
+def _why(error: Exception) -> str:
+    """What failed, in a few words (some errors have no message)."""
+    return str(error) or type(error).__name__
+
+
 class _ClientLeft(Exception):
     """The client left before its request was whole: nothing to forward, no one to answer."""
 
@@ -237,11 +251,12 @@ class _Stream(_Answer):
     client that leaves cancels the relay and the gateway connection is closed, so the gateway
     stops generating and notes the call as aborted."""
 
-    __slots__ = ("conn", "headers", "path", "status", "url")
+    __slots__ = ("headers", "path", "response", "status", "url")
 
-    def __init__(self, conn: Conn, status: int, headers: list[tuple[bytes, bytes]], path: str,
-                 url: str) -> None:
-        self.conn, self.status, self.headers, self.path, self.url = conn, status, headers, path, url
+    def __init__(self, response: aiohttp.ClientResponse, headers: list[tuple[bytes, bytes]],
+                 path: str, url: str) -> None:
+        self.response, self.status, self.headers = response, response.status, headers
+        self.path, self.url = path, url
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         relaying = asyncio.current_task()
@@ -250,17 +265,17 @@ class _Stream(_Answer):
         # one plain task listens for the client leaving (Starlette's StreamingResponse runs an
         # anyio task group per stream for that)
         watcher = asyncio.create_task(watch_disconnect(receive, relaying, state))
-        conn, whole = self.conn, False
+        whole = False
         try:
             await send({"type": "http.response.start", "status": self.status,
                         "headers": self.headers})
             ended = True  # at a frame boundary
             try:
-                while (chunk := await conn.next_chunk()) is not None:
+                async for chunk in self.response.content.iter_any():  # as each read brings it
                     ended = chunk.endswith(b"\n\n")
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                whole = True  # the connection went back to the pool
-            except UpstreamError as e:
+                whole = True
+            except _UPSTREAM_ERRORS as e:
                 log.warning("stream from %s broke off (%s)", self.url, e)
                 frame = stream_error_frame(
                     self.path, _unavailable("the gateway holding this session stopped mid-stream"))
@@ -274,8 +289,10 @@ class _Stream(_Answer):
         finally:
             state.done = True
             watcher.cancel()
-            if not whole:
-                conn.close()  # mid-answer: the gateway sees the client leave
+            if whole:
+                self.response.release()  # the connection goes back to the pool
+            else:
+                self.response.close()  # mid-answer: the gateway sees the client leave
 
 
 @dataclass
@@ -302,7 +319,7 @@ Answer = _Answer | JSONResponse
 
 @dataclass
 class Router:
-    """Backends, bindings and their connection pools; `app()` serves them."""
+    """Backends, bindings and the connection pool to the backends; `app()` serves them."""
 
     config: RouterConfig
     backends: list[Backend] = field(default_factory=list)
@@ -310,19 +327,32 @@ class Router:
     sessions: _Bounded = field(init=False)
     _tenants: dict[str, Tenant] = field(default_factory=dict)
     _turn: itertools.count = field(default_factory=itertools.count)
+    _client: aiohttp.ClientSession | None = None
 
     def __post_init__(self) -> None:
         self.config.validate()
         self.keys = _Bounded(self.config.max_bindings)
         self.sessions = _Bounded(self.config.max_bindings)
-        timeouts = {"connect_timeout_s": self.config.connect_timeout_s,
-                    "read_timeout_s": self.config.read_timeout_s}
         if self.config.tenants:
             self._tenants = {t.key_sha256: t for t in self.config.tenants}
-            self.backends = [Backend(u, t, **timeouts) for t in self.config.tenants
-                             for u in t.backends]
+            self.backends = [Backend(u, t) for t in self.config.tenants for u in t.backends]
         else:
-            self.backends = [Backend(u.rstrip("/"), **timeouts) for u in self.config.backends]
+            self.backends = [Backend(u.rstrip("/")) for u in self.config.backends]
+
+    def client(self) -> aiohttp.ClientSession:
+        """Keep-alive connections to every backend (made on first use, on the running loop)."""
+        if self._client is None:
+            config = self.config
+            self._client = aiohttp.ClientSession(
+                # no connection limit: each call in flight holds one connection, as a client
+                # of the gateway would
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
+                timeout=aiohttp.ClientTimeout(total=None, connect=config.connect_timeout_s,
+                                              sock_read=config.read_timeout_s),
+                # relay, don't interpret: no decompression, no cookies, no added headers
+                auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"))
+        return self._client
 
     # ------------------------------------------------------------------ who and where
 
@@ -367,50 +397,62 @@ class Router:
             headers.append((b"authorization", b"Bearer " + caller.tenant.backend_key.encode()))
         return headers
 
-    async def send(self, backend: Backend, call: _Call, caller: Caller, body: bytes) -> Conn:
-        """Send the request to `backend`; the connection once the answer's head is in (its body
-        unread). Raises EngineError (503)."""
+    async def request(self, backend: Backend, method: str, target: bytes,
+                      headers: list[tuple[bytes, bytes]], body: bytes) -> aiohttp.ClientResponse:
+        """Send one request to `backend`: the answer once its head is in (its body unread).
+        `headers` go as given, after `host`, with a content-length for a body or any method
+        but GET/HEAD. Raises aiohttp's errors (and TimeoutError)."""
+        data = body if body or method not in ("GET", "HEAD") else None
+        return await self.client().request(
+            method, backend.url_for(target), data=data, allow_redirects=False,
+            headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers])
+
+    async def send(self, backend: Backend, call: _Call, caller: Caller,
+                   body: bytes) -> aiohttp.ClientResponse:
+        """Send the request to `backend`; the answer once its head is in (its body unread).
+        Raises EngineError (503)."""
         try:
-            return await backend.pool.request(call.method, backend.prefix + call.target(),
-                                              self._headers(call, caller), body)
-        except UpstreamUnreachable as e:
-            self.mark_down(backend, str(e))
+            return await self.request(backend, call.method, call.target(),
+                                      self._headers(call, caller), body)
+        except _UNREACHABLE as e:
+            self.mark_down(backend, type(e).__name__)
             raise _unavailable("the gateway for this request is unreachable") from None
-        except UpstreamError as e:
-            raise _unavailable(f"the gateway for this request failed ({e})") from None
+        except _UPSTREAM_ERRORS as e:
+            raise _unavailable(f"the gateway for this request failed ({_why(e)})") from None
 
     @staticmethod
-    def _answer_headers(conn: Conn) -> list[tuple[bytes, bytes]]:
-        return [(k, v) for k, v in conn.headers if k.lower() not in _DROP]
+    def _answer_headers(response: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
+        return [(k, v) for k, v in response.raw_headers if k.lower() not in _DROP]
 
     @staticmethod
-    async def _read(conn: Conn) -> bytes:
+    async def _read(response: aiohttp.ClientResponse) -> bytes:
+        """The whole body; the connection then goes back to the pool (closed if cut short)."""
         try:
-            return await conn.read()
-        except UpstreamError as e:
-            conn.close()
-            raise _unavailable(f"the gateway's answer broke off ({e})") from None
+            return await response.read()
+        except _UPSTREAM_ERRORS as e:
+            response.close()
+            raise _unavailable(f"the gateway's answer broke off ({_why(e)})") from None
         except BaseException:
-            conn.close()
+            response.close()
             raise
 
     async def buffered(self, backend: Backend, call: _Call, caller: Caller,
                        body: bytes) -> _Upstream:
         """The backend's whole answer, raw bytes (no decoding)."""
-        conn = await self.send(backend, call, caller, body)
-        status, headers = conn.status, self._answer_headers(conn)
-        return _Upstream(status, headers, await self._read(conn))
+        response = await self.send(backend, call, caller, body)
+        return _Upstream(response.status, self._answer_headers(response),
+                         await self._read(response))
 
     async def relay(self, backend: Backend, call: _Call, caller: Caller, body: bytes) -> _Answer:
         """Forward to `backend` and answer with its bytes: SSE streamed through, others whole."""
         if not backend.healthy:
             raise _unavailable("the gateway holding this session is down; start a new session")
-        conn = await self.send(backend, call, caller, body)
-        status, headers = conn.status, self._answer_headers(conn)
-        for name, value in conn.headers:
+        response = await self.send(backend, call, caller, body)
+        headers = self._answer_headers(response)
+        for name, value in response.raw_headers:
             if name.lower() == b"content-type" and value.startswith(b"text/event-stream"):
-                return _Stream(conn, status, headers, call.path, backend.url)
-        return _Whole(status, headers, await self._read(conn))
+                return _Stream(response, headers, call.path, backend.url)
+        return _Whole(response.status, headers, await self._read(response))
 
     async def probe(self, scope: list[Backend], call: _Call, caller: Caller, body: bytes,
                     misses: frozenset[int]) -> Answer:
@@ -654,11 +696,14 @@ class Router:
         """One health check of `backend`."""
         try:
             async with asyncio.timeout(self.config.health_timeout_s):
-                status, _, raw = await backend.pool.fetch("GET", backend.prefix + b"/health",
-                                                          [], b"")
-            data = json.loads(raw) if status == 200 else None
+                response = await self.request(backend, "GET", b"/health", [], b"")
+                try:
+                    raw = await response.read()
+                finally:
+                    response.close()  # a no-op once read whole (the connection is back)
+            data = json.loads(raw) if response.status == 200 else None
             ok = isinstance(data, dict)
-        except (UpstreamError, TimeoutError, ValueError):
+        except (*_UPSTREAM_ERRORS, TimeoutError, ValueError):
             ok, data = False, None
         if ok:
             assert isinstance(data, dict)
@@ -675,16 +720,15 @@ class Router:
         """Check every backend once, concurrently."""
         await asyncio.gather(*(self.check(b) for b in self.backends))
 
-    def close(self) -> None:
-        """Close the idle connections to the backends (those in use close when done)."""
-        for b in self.backends:
-            b.pool.close()
+    async def aclose(self) -> None:
+        """Close the connections to the backends (a later call opens new ones)."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        """Run health checks for the app's lifetime; close the connection pools after."""
-        for b in self.backends:
-            b.pool.closed = False
+        """Run health checks for the app's lifetime; close the connections after."""
         await self.check_all()
 
         async def loop() -> None:
@@ -697,7 +741,7 @@ class Router:
             yield
         finally:
             task.cancel()
-            self.close()
+            await self.aclose()
 
     def app(self) -> Starlette:
         """The ASGI app: every method on every path goes to `endpoint`."""

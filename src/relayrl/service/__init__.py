@@ -1,4 +1,4 @@
-"""relayrl.service: the any-agent RL service (seed 003): agents anywhere drive sessions over
+"""relayrl.service: the any-agent RL service: agents anywhere drive sessions over
 HTTP, and the trainer learns from the trajectories they finalize.
 
 Top layer, beside `relayrl.launch`; nothing below imports it.

@@ -14,6 +14,7 @@ Imports: engine, gateway, client, train (ports, actor), config, service.
 from __future__ import annotations
 
 import contextlib
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -191,12 +192,34 @@ class ServiceServices:
             self.managed_server.stop()
 
 
+def agent_env_lines(url: str, key_file: Path | None) -> list[str]:
+    """The shell lines that point an agent at the service, for the user to paste.
+
+    They set `OPENAI_BASE_URL` and `OPENAI_API_KEY` (what unchanged agents and the OpenAI SDK
+    read) and relayrl's own `RELAYRL_URL` and `RELAYRL_API_KEY` to the same values: those are
+    what `AgentSession` and `AgentRunner` read first, so a value left in the shell from another
+    service cannot send the sessions elsewhere. The key is never in them: with a generated key
+    they read its file (`$(cat FILE)`); with a configured one they say where it is. The URL is
+    the root, which OpenAI-style clients (`/chat/completions`) and plain HTTP agents
+    (`/v1/chat/completions`) both reach.
+    """
+    quoted = shlex.quote(url)
+    if key_file is not None:
+        path = shlex.quote(str(Path(key_file).resolve()))
+        return [f'export OPENAI_BASE_URL={quoted} OPENAI_API_KEY="$(cat {path})"',
+                'export RELAYRL_URL="$OPENAI_BASE_URL" RELAYRL_API_KEY="$OPENAI_API_KEY"']
+    return [f"export OPENAI_BASE_URL={quoted} RELAYRL_URL={quoted}",
+            "# and OPENAI_API_KEY and RELAYRL_API_KEY: the service's key (gateway.admin_key of "
+            "its config)"]
+
+
 class ServiceLauncher:
     """Starts a `ServiceServices` and prints where agents reach it."""
 
-    def __init__(self, config: RelayConfig) -> None:
+    def __init__(self, config: RelayConfig, key_file: Path | None = None) -> None:
         check_replica_engines(config)
         self.config = config
+        self.key_file = key_file
         self.services: ServiceServices | None = None
         self._stop_requested = False
 
@@ -231,9 +254,17 @@ class ServiceLauncher:
             client = SessionClient(gateway.url, admin_key=gw_cfg.admin_key)
             self.services = ServiceServices(engine, gateway, client, cfg, view, managed)
             print(f"relayrl service listening at {gateway.url}", flush=True)
+        self._print_agent_env(self.services)
         if self._stop_requested:
             self.services.stop()
         return self.services
+
+    def _print_agent_env(self, services: ServiceServices) -> None:
+        url = services.replicas.url if services.replicas is not None else services.gateway.url
+        print("relayrl service: point agents at it with (AgentSession and AgentRunner read "
+              "these):", flush=True)
+        for line in agent_env_lines(url, self.key_file):
+            print(line, flush=True)
 
     def stop(self) -> None:
         """Begin a clean shutdown (safe to call before the services exist)."""

@@ -29,16 +29,17 @@ def serve_from_config(path: str | Path | None, overrides: Sequence[str] = ()) ->
     cfg, key_file = ensure_admin_key(cfg)
     if cfg.train.keep_heap:
         keep_freed_heap()
-    if key_file is not None:
-        print(f"relayrl service admin key in {key_file} (set RELAYRL_ADMIN_KEY from it)",
-              flush=True)
-    return asyncio.run(serve(cfg))
+    return asyncio.run(serve(cfg, key_file))
 
 
-async def serve(cfg: RelayConfig) -> TrainResult:
-    """Run the service in the current event loop until `SIGINT`/`SIGTERM`."""
+async def serve(cfg: RelayConfig, key_file: Path | None = None) -> TrainResult:
+    """Run the service in the current event loop until `SIGINT`/`SIGTERM`.
+
+    `key_file` holds the generated admin key, if one was generated: the lines printed for
+    agents read it from there, so the key itself is never printed.
+    """
     dump_config(cfg, cfg.run_dir / "config.yaml")
-    launcher = ServiceLauncher(cfg)
+    launcher = ServiceLauncher(cfg, key_file=key_file)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, launcher.stop)

@@ -136,7 +136,7 @@ class DataConfig:
 class SFTConfig:
     """Supervised warm-start on recorded rows before RL (no data = no SFT stage)."""
 
-    data: str | None = None                   # JSONL of trajectory rows to imitate
+    data: str | None = None                   # rows to imitate: relayrl JSONL rows, or ATIF trajectories (a .json file or a folder of them)
     epochs: int = 1                           # passes over the rows
     rows_per_step: int = 8                    # rows per optimizer step
     lr: float = 1e-4                          # learning rate of the warm-start (constant)

@@ -43,7 +43,7 @@ from relayrl.train.metrics import MetricsLogger, episode_metrics, trained_tokens
 from relayrl.train.packing import TrainBatch, minibatch_rows
 from relayrl.train.ports import BatchSource, Launcher, Services, TrainerSettings
 from relayrl.train.sft import run_sft
-from relayrl.trajectory import read_jsonl
+from relayrl.trajectory.atif import read_sft_rows
 from relayrl.trajectory.batch import RowBatch
 
 WORKFLOW_PREFIX = "workflow/"
@@ -124,7 +124,8 @@ class PPOTrainer:
     """Trains the policy on episodes of any agent (`trainer.train(workflow="my_agent.MathAgent")`).
 
     `launcher` starts what serves the policy; `relayrl.launch.LocalLauncher(config)` runs the
-    engine and the gateway in this process (`relayrl.launch.train` wires that up for you).
+    engine and the gateway in this process. Scripts use `relayrl.PPOTrainer` (in
+    `relayrl.launch.trainer`), which starts them itself.
     """
 
     def __init__(self, config: TrainerSettings, train_dataset: Sequence[dict[str, Any]],
@@ -184,7 +185,7 @@ class PPOTrainer:
                     # at version 0 like the eval before RL, whose dumps would replace its files
                     base = await run.evaluate(workflow, eval_kwargs, self.eval_dataset, "base",
                                               dump=False)
-                await run.warm_start(read_jsonl(cfg.sft.data))
+                await run.warm_start(read_sft_rows(cfg.sft.data, model_path(cfg.model)))
             async with run.rollouts(workflow, workflow_kwargs, self.train_dataset) as rollouts:
                 # The first batches sample with the weights the eval scores, beside it: the
                 # engine batches both, and the first update need not wait for its batch. No
@@ -533,7 +534,7 @@ class _Run:
         if self._replay_rows is None:
             if not sft.data:  # (PPOTrainer checks this before its run starts)
                 raise ConfigError("train.sft_replay_coef > 0 needs warm-up traces (sft.data)")
-            rows = list(read_jsonl(sft.data))
+            rows = read_sft_rows(sft.data, model_path(self.cfg.model))
             # the rows the warm-start imitated, so the replay anchors what it taught
             self._replay_rows = rows[: sft.max_rows] if sft.max_rows else rows
             self._replay_rng = random.Random(self.cfg.seed)

@@ -131,6 +131,9 @@ class Interaction:
     """Engine timings in seconds (queued_s, first_token_s, total_s, ...)."""
     reward: float | None = None
     """The call's own reward (None = not given); credit assignment turns it into a return."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """What the request said beyond the conversation: its wire format, and what was left out
+    of the prompt or mapped (hosted tools, tool kinds), JSON values only."""
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
@@ -177,6 +180,7 @@ class Interaction:
             "created": self.created,
             "timings": dict(self.timings),
             "reward": self.reward,
+            "metadata": dict(self.metadata),
         }
 
     @classmethod
@@ -200,6 +204,7 @@ class Interaction:
             created=float(d.get("created", 0.0)),
             timings={k: float(v) for k, v in (d.get("timings") or {}).items()},
             reward=None if d.get("reward") is None else float(d["reward"]),
+            metadata=dict(d.get("metadata") or {}),
         )
 
 

@@ -335,6 +335,7 @@ class Session:
         reason: BranchReason | None = None,
         id: str | None = None,
         finish_reason: str | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Interaction:
         """Make the record of a finished call (not yet recorded); the segment follows the tokens.
 
@@ -374,6 +375,7 @@ class Session:
             branch_reason=reason,
             created=self._clock(),
             timings=_timings_dict(output.timings),
+            metadata=dict(metadata or {}),
         )
 
     def record(self, interaction: Interaction) -> None:

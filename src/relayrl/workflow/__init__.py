@@ -4,6 +4,13 @@ May import: `relayrl.client`, `relayrl.trajectory`, `relayrl.errors`, httpx; tor
 functions that build tensors, openai never (agents bring their own SDK).
 """
 
+from relayrl.client.direct import DirectClient
+from relayrl.client.engine import (
+    GenerationHyperparameters,
+    ModelRequest,
+    ModelResponse,
+    RunEngine,
+)
 from relayrl.workflow import context as workflow_context
 from relayrl.workflow.agent import AgentConfig, AgentMode, AgentWorkflow
 from relayrl.workflow.base import EpisodeResult, RolloutWorkflow, is_interaction_dict, to_rows
@@ -30,12 +37,17 @@ __all__ = [
     "AgentMode",
     "AgentWorkflow",
     "AsyncRewardWrapper",
+    "DirectClient",
     "EpisodeContext",
     "EpisodeOutcome",
     "EpisodeResult",
     "EpisodeStatus",
+    "GenerationHyperparameters",
     "GroupedWorkflow",
+    "ModelRequest",
+    "ModelResponse",
     "RolloutWorkflow",
+    "RunEngine",
     "TensorDict",
     "TrajectoryDumper",
     "concat_padded",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import inspect
 import logging
 import math
@@ -103,6 +104,25 @@ class AgentConfig:
 def has_run(obj: Any) -> bool:
     """Whether `obj` looks like an agent (it has a callable `run`)."""
     return callable(getattr(obj, "run", None))
+
+
+class FunctionAgent:
+    """A plain function `run(data, *, base_url, api_key, ..., **kwargs)` as an agent.
+
+    `kwargs` (a config's `workflow_kwargs`) are bound to every call. The function stays the
+    agent's `run`, so an async one runs inline and a synchronous one in subprocess mode, and
+    the agent pickles by reference (the function's module and name) for worker processes.
+    """
+
+    def __init__(self, fn: Any, kwargs: dict[str, Any] | None = None) -> None:
+        if not callable(fn):
+            raise ConfigError(f"{fn!r} is not callable")
+        self.fn = fn
+        self.kwargs = dict(kwargs or {})
+        self.run = functools.partial(fn, **self.kwargs) if self.kwargs else fn
+
+    def __repr__(self) -> str:
+        return f"FunctionAgent({getattr(self.fn, '__qualname__', self.fn)!r})"
 
 
 class AgentWorkflow(RolloutWorkflow):

@@ -14,19 +14,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from relayrl.client.direct import close_clients, episode_clients
 from relayrl.errors import EpisodeFailed, InvalidRequest
 from relayrl.trajectory import TrajectoryRow
 from relayrl.trajectory.batch import RowBatch
 from relayrl.workflow.base import EpisodeResult, RolloutWorkflow, is_interaction_dict, to_rows
 from relayrl.workflow.context import EpisodeContext, episode_scope
 from relayrl.workflow.context import get as current_context
+from relayrl.workflow.sessions import episode_metadata
 from relayrl.workflow.tensors import concat_padded, validate_tensor_dict, with_labels
 
 
@@ -54,6 +58,17 @@ class EpisodeOutcome:
     error: str | None = None
     """`Type: message` of what aborted it."""
     elapsed_s: float = 0.0
+    where: str | None = None
+    """`file:line in function` where the error that aborted it was raised."""
+
+
+def raised_at(error: BaseException) -> str | None:
+    """`file:line in function` of the innermost frame of `error`'s traceback."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return None
+    last = frames[-1]
+    return f"{last.filename}:{last.lineno} in {last.name}"
 
 
 def new_episode_id() -> str:
@@ -68,12 +83,22 @@ def new_group_id() -> str:
 
 async def run_episode(workflow: RolloutWorkflow, engine: Any, data: dict[str, Any],
                       ctx: EpisodeContext, timeout_s: float | None = None) -> EpisodeOutcome:
-    """Run one episode under `ctx`, bounded by `timeout_s`, and classify how it ended."""
+    """Run one episode under `ctx`, bounded by `timeout_s`, and classify how it ended.
+
+    An awaitable returned by `arun_episode` (e.g. `client.export_interactions()` not awaited)
+    is awaited. `DirectClient`s made during the episode are closed when it ends: their sessions
+    are acknowledged if exported, aborted otherwise."""
     start = time.monotonic()
-    with episode_scope(ctx):
+    with episode_scope(ctx), episode_clients(episode_metadata(ctx)) as clients:
         try:
-            async with asyncio.timeout(timeout_s):
-                result = await workflow.arun_episode(engine, data)
+            try:
+                async with asyncio.timeout(timeout_s):
+                    result = await workflow.arun_episode(engine, data)
+                    if inspect.isawaitable(result):
+                        result = await result
+            finally:
+                if clients:  # shielded: a cancelled episode still frees its sessions
+                    await asyncio.shield(close_clients(list(clients)))
             result = label_result(result, ctx)
             rows = to_rows(result, ctx)
         except TimeoutError:
@@ -82,7 +107,7 @@ async def run_episode(workflow: RolloutWorkflow, engine: Any, data: dict[str, An
                                   elapsed_s=time.monotonic() - start)
         except Exception as e:  # any failure of user code aborts the episode, with its error
             return EpisodeOutcome(ctx, EpisodeStatus.ABORTED, error=f"{type(e).__name__}: {e}",
-                                  elapsed_s=time.monotonic() - start)
+                                  elapsed_s=time.monotonic() - start, where=raised_at(e))
     status = EpisodeStatus.REJECTED if rows is None else EpisodeStatus.FINISHED
     return EpisodeOutcome(ctx, status, result if rows is not None else None, rows,
                           elapsed_s=time.monotonic() - start)

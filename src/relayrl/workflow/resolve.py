@@ -1,26 +1,34 @@
 """`resolve_workflow`: whatever the user passed, as one `RolloutWorkflow`.
 
 Accepted, in this order: a `RolloutWorkflow` instance; a `RolloutWorkflow` subclass (built with
-`kwargs`); a dotted path `"package.module.Name"` (or `"package.module:Name"`) naming either of
-those or an agent; an agent (any object or class with `run`), wrapped in `AgentWorkflow`. With
+`kwargs`); a dotted path `"package.module.Name"` (or `"package.module:Name"`) naming any of
+these; an agent (any object or class with `run`), wrapped in `AgentWorkflow`; a function
+`run(data, *, base_url, api_key, ...)` (async, or plain in subprocess mode), used as an agent's
+`run` with `kwargs` bound to every call. With
 `group_size > 1` the result is wrapped in `GroupedWorkflow`. Anything else is refused with a
 message that lists what would have been accepted.
+
+A `RolloutWorkflow` subclass that opens gateway sessions itself (several per episode, e.g. one
+per seat of a game) says so with a class attribute `opens_sessions = True`, and is built with
+`client=` (the gateway's `SessionClient`) and `agent_config=` added to its kwargs.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 from typing import Any
 
 from relayrl.client.session_client import SessionClient
 from relayrl.errors import ConfigError
-from relayrl.workflow.agent import AgentConfig, AgentWorkflow, has_run
+from relayrl.workflow.agent import AgentConfig, AgentWorkflow, FunctionAgent, has_run
 from relayrl.workflow.base import RolloutWorkflow
 from relayrl.workflow.grouped import GroupedWorkflow
 
 EXPECTED = ("a RolloutWorkflow instance, a RolloutWorkflow subclass (with kwargs), a dotted "
-            "path 'module.Name', or an agent: an object or class with "
-            "`async def run(data, **extra_kwargs)`")
+            "path 'module.Name', an agent: an object or class with "
+            "`async def run(data, **extra_kwargs)`, or such a `run` function itself")
 
 
 def resolve_workflow(workflow: Any, kwargs: dict[str, Any] | None = None, group_size: int = 1,
@@ -46,6 +54,12 @@ def _resolve(obj: Any, kwargs: dict[str, Any], gateway: SessionClient | None,
         return _resolve(import_dotted(obj), kwargs, gateway, agent_config, depth + 1)
     if isinstance(obj, type):
         if issubclass(obj, RolloutWorkflow) or has_run(obj):
+            if issubclass(obj, RolloutWorkflow) and getattr(obj, "opens_sessions", False):
+                if gateway is None:
+                    raise ConfigError(f"{obj.__qualname__} opens gateway sessions: pass "
+                                      "gateway=SessionClient(...)")
+                kwargs = {**kwargs, "client": gateway,
+                          "agent_config": agent_config or AgentConfig()}
             try:
                 instance = obj(**kwargs)
             except TypeError as e:
@@ -54,6 +68,8 @@ def _resolve(obj: Any, kwargs: dict[str, Any], gateway: SessionClient | None,
             return _resolve(instance, {}, gateway, agent_config, depth + 1)
         raise ConfigError(f"class {obj.__qualname__} is neither a RolloutWorkflow nor an agent "
                           f"with run(); expected {EXPECTED}")
+    if _is_function(obj):
+        return _resolve(FunctionAgent(obj, kwargs), {}, gateway, agent_config, depth + 1)
     if kwargs:
         raise ConfigError(f"kwargs {sorted(kwargs)} were given with an instance of "
                           f"{type(obj).__qualname__}; pass the class to have them used")
@@ -65,6 +81,12 @@ def _resolve(obj: Any, kwargs: dict[str, Any], gateway: SessionClient | None,
                               "pass gateway=SessionClient(...)")
         return AgentWorkflow(obj, gateway, agent_config)
     raise ConfigError(f"cannot use a {type(obj).__qualname__} as a workflow; expected {EXPECTED}")
+
+
+def _is_function(obj: Any) -> bool:
+    """A function (or a `functools.partial` of one) that is not itself an agent or workflow."""
+    target = obj.func if isinstance(obj, functools.partial) else obj
+    return inspect.isfunction(target) or inspect.ismethod(target) or inspect.isbuiltin(target)
 
 
 def import_dotted(path: str) -> Any:

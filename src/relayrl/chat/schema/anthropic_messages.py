@@ -119,7 +119,12 @@ class MessagesRequest(WireModel):
     max_tokens: StrictInt | None = None
     """Required by the spec; optional here so that its absence is a 400 we word ourselves."""
     container: Any = None
+    context_management: dict[str, Any] | None = None
+    """Server-side edits of the history (clearing old thinking or tool results): recorded, not
+    applied: the whole history is rendered, so the recorded prompt is what the policy saw."""
     metadata: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+    """`{"effort": ...}`: handed to the chat template as `reasoning_effort`, and recorded."""
     service_tier: str | None = None
     stop_sequences: list[str] | None = None
     stream: bool | None = None

@@ -75,13 +75,46 @@ class ReasoningItem(WireModel):
     status: str | None = None
 
 
+class CustomToolCallItem(WireModel):
+    """A call the model made earlier to a `custom` (freeform) tool, echoed back."""
+
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: str
+    input: str
+    id: str | None = None
+    status: str | None = None
+
+
+class CustomToolCallOutputItem(WireModel):
+    """The result of a `custom` tool call (also `local_shell_call_output`), sent by the client."""
+
+    type: Literal["custom_tool_call_output", "local_shell_call_output"]
+    call_id: str
+    output: str | list[InputContentPart]
+    id: str | None = None
+    name: str | None = None
+
+
+class LocalShellCallItem(WireModel):
+    """A `local_shell` call the model made earlier, echoed back with its `exec` action."""
+
+    type: Literal["local_shell_call"]
+    call_id: str
+    action: dict[str, Any]
+    id: str | None = None
+    status: str | None = None
+
+
 class OtherItem(WireModel):
-    """Any other item type (`item_reference`, `computer_call`, ...): refused by the converter."""
+    """Any other item type (`item_reference`, `web_search_call`, ...): the converter decides."""
 
     type: str
 
 
-_ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+_ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning",
+               "custom_tool_call", "custom_tool_call_output", "local_shell_call_output",
+               "local_shell_call")
 
 
 def _item_tag(v: Any) -> str:
@@ -94,19 +127,26 @@ InputItem = Annotated[
     | Annotated[FunctionCallItem, Tag("function_call")]
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
     | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
+    | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
+    | Annotated[CustomToolCallOutputItem, Tag("local_shell_call_output")]
+    | Annotated[LocalShellCallItem, Tag("local_shell_call")]
     | Annotated[OtherItem, Tag("other")],
     Discriminator(_item_tag),
 ]
 
 
 class FunctionTool(WireModel):
-    """A tool: only `type: "function"` (flat: `name`, `description`, `parameters`) is served."""
+    """A tool of any type: `function`, `namespace` (with `tools`), `custom` (with `format`),
+    `local_shell` or a hosted tool; `relayrl.chat.responses_tools` says how each is served."""
 
     type: str
     name: str | None = None
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    tools: list[dict[str, Any]] | None = None
+    format: dict[str, Any] | None = None
 
 
 class ToolChoiceObject(WireModel):
@@ -175,11 +215,14 @@ class ResponsesRequest(WireModel):
 
 
 __all__ = [
+    "CustomToolCallItem",
+    "CustomToolCallOutputItem",
     "FunctionCallItem",
     "FunctionCallOutputItem",
     "FunctionTool",
     "InputContentPart",
     "InputItem",
+    "LocalShellCallItem",
     "MessageItem",
     "OtherItem",
     "ReasoningConfig",
