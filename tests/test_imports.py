@@ -34,6 +34,8 @@ TORCH_FREE = [
     "relayrl.workflow",
     "relayrl.rollout",
     "relayrl.remote_rollout",
+    "relayrl.envs.reasoning_gym",
+    "relayrl.envs.verifiers",
 ]
 
 PACKAGES = [

@@ -210,12 +210,20 @@ class AgentWorkflow(RolloutWorkflow):
     async def _discard(self, session: SessionHandle) -> None:
         await discard_session(self.client, session)
 
+    def counters(self) -> dict[str, float]:
+        """The agent's own cumulative counters, when it keeps any (`agent.counters()`)."""
+        counters = getattr(self.agent, "counters", None)
+        return dict(counters()) if callable(counters) else {}
+
     async def aclose(self) -> None:
         """Wait for session releases in flight, then stop the worker processes."""
         if self._cleanups:
             await asyncio.gather(*self._cleanups, return_exceptions=True)
         if self._pool is not None:
             await self._pool.aclose()
+        agent_close = getattr(self.agent, "aclose", None)
+        if self._pool is None and callable(agent_close):
+            await agent_close()  # what an inline agent serves (e.g. an environment's servers)
         if self._http is not None:
             await self._http.aclose()
             self._http = None

@@ -1,0 +1,99 @@
+"""The second main job: teach SmolLM2-135M a reasoning-gym task with its own scorer, on CPU.
+
+No warm-start and no reward of ours: `ReasoningGymAgent` (relayrl.envs.reasoning_gym) asks each
+question through the trainer's gateway and returns the dataset's own `score_answer`.
+`relayrl.launch.train` evaluates the model as loaded on the held-out items, runs GRPO steps,
+evaluates again, and writes metrics, a checkpoint and a plot under runs/reasoning_gym/<trial>/.
+
+    python examples/reasoning_gym/train.py [dotted.overrides ...]
+    python examples/reasoning_gym/train.py seed=1,2,3 [...]   # one run per seed, then the mean
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+from relayrl.config import RelayConfig, load_config  # noqa: E402
+from relayrl.launch import keep_freed_heap, train  # noqa: E402
+from relayrl.train.trainer import load_dataset  # noqa: E402
+
+
+def main(argv: list[str]) -> None:
+    """Train once with the config and the overrides."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    started = time.perf_counter()
+    cfg = load_config(RelayConfig, HERE / "config.yaml", argv)
+    if cfg.train.keep_heap:  # before the gateway starts the first threads
+        keep_freed_heap()
+    result = train(cfg, load_dataset(cfg.data.train), load_dataset(cfg.data.eval),
+                   workflow=cfg.workflow, workflow_kwargs=cfg.workflow_kwargs,
+                   eval_workflow_kwargs=cfg.eval.workflow_kwargs or None)
+    print(result.summary())
+    print(f"total wall time {(time.perf_counter() - started) / 60:.1f} min")
+
+
+def read_run(metrics: Path) -> dict[str, float]:
+    """A finished run's held-out rewards from its metrics.jsonl (the last record holds them)."""
+    if not metrics.is_file():
+        return {}
+    records = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+    final = next((r for r in reversed(records) if "eval_reward_after" in r), {})
+    out = {k.removeprefix("eval_reward_"): float(final[k])
+           for k in ("eval_reward_before", "eval_reward_after") if k in final}
+    out["steps"] = sum("loss" in r for r in records)
+    return out
+
+
+def seeds(argv: list[str]) -> bool:
+    """`seed=1,2,3`: one run per seed in its own process, then each run's lift and the mean."""
+    seed_list = [int(s) for a in argv if a.startswith("seed=")
+                 for s in a.removeprefix("seed=").split(",") if s.strip()]
+    rest = [a for a in argv if not a.startswith("seed=")]
+    cfg = load_config(RelayConfig, HERE / "config.yaml", rest)
+    lines = ["| seed | before RL | after RL | lift | steps | wall min | exit |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lifts: list[float] = []
+    ok = True
+    for seed in seed_list:
+        trial = f"{cfg.trial_name}-seed{seed}"
+        print(f"== seed {seed}: trial {trial}", flush=True)
+        started = time.perf_counter()
+        proc = subprocess.run([sys.executable, __file__, *rest, f"seed={seed}",
+                               f"trial_name={trial}"], env=os.environ.copy(), check=False)
+        wall = (time.perf_counter() - started) / 60
+        r = read_run(Path(cfg.fileroot) / cfg.experiment_name / trial / "logs" / "metrics.jsonl")
+        lift = r["after"] - r["before"] if {"before", "after"} <= r.keys() else None
+        if lift is not None:
+            lifts.append(lift)
+        ok &= proc.returncode == 0
+        lines.append(f"| {seed} | {r.get('before', float('nan')):.3f} | "
+                     f"{r.get('after', float('nan')):.3f} | "
+                     f"{'n/a' if lift is None else f'{lift:+.3f}'} | {int(r.get('steps', 0))} | "
+                     f"{wall:.1f} | {proc.returncode} |")
+    if lifts:
+        spread = statistics.stdev(lifts) if len(lifts) > 1 else 0.0
+        lines.append(f"\nRL lift over {len(lifts)} of {len(seed_list)} runs: mean "
+                     f"{statistics.mean(lifts):+.3f}, sample std {spread:.3f}, "
+                     f"min {min(lifts):+.3f}, max {max(lifts):+.3f}")
+    report = "\n".join(lines)
+    print(report, flush=True)
+    out = Path(cfg.fileroot) / cfg.experiment_name / f"{cfg.trial_name}-seeds.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report + "\n")
+    return ok
+
+
+if __name__ == "__main__":
+    if any(a.startswith("seed=") and "," in a for a in sys.argv[1:]):
+        sys.exit(0 if seeds(sys.argv[1:]) else 1)
+    main(sys.argv[1:])

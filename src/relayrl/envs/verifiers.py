@@ -1,0 +1,215 @@
+"""verifiers environments (v1, `verifiers` 0.4) as relayrl episodes, run by verifiers' own code.
+
+    items = make_items("my-env", taskset={"num_tasks": 64})
+    train(cfg, items, workflow="relayrl.envs.verifiers:VerifiersAgent",
+          workflow_kwargs={"env_id": "my-env", "taskset": {"num_tasks": 64}})
+
+An installed environment package is loaded by its id the way verifiers loads it
+(`vf.resolve_env_config` then `vf.load_environment`: the taskset package exporting its
+`Taskset`, and its own `Env` when it ships one). Each episode is one `env.run_slot` (verifiers'
+rollout: the harness program, its interception server, tools, `@vf.reward` functions and
+judges) whose model client is an OpenAI-compatible endpoint: the episode's session URL, with the
+session key as its bearer token. The reward is the episode's (the sum of its traces' weighted
+rewards). verifiers' training client (`TrainClientConfig`: client-side tokenization against a
+vLLM generate endpoint, to get token ids) is not used: the gateway renders and records every
+call's token ids and logprobs itself, so the evaluation client is all an episode needs.
+
+An item names a task by its position in the taskset (`{"verifiers": {"env_id", "taskset",
+"index"}, "prompt"}`); the agent loads the environment once and serves it (interception,
+shared tool servers) until `aclose`.
+
+May import: `relayrl.workflow`, `relayrl.errors`; verifiers only inside functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import difflib
+import importlib.util
+import pkgutil
+from collections.abc import Mapping
+from typing import Any
+
+from relayrl.errors import ConfigError, EpisodeFailed, InvalidRequest
+
+PIP_INSTALL = "pip install 'verifiers>=0.4,<0.5'"
+"""What to run when verifiers is missing (it pins openai<3: give it a venv of its own)."""
+
+SPEC_KEY = "verifiers"
+"""The item key that names a task: env_id, taskset settings, index."""
+
+
+def require() -> Any:
+    """`verifiers.v1`; ImportError with the pip command when verifiers is not installed."""
+    try:
+        import verifiers.v1 as vf
+    except ImportError as e:
+        raise ImportError(f"relayrl.envs.verifiers needs the verifiers package: {PIP_INSTALL} "
+                          "(it needs openai<3, so in a venv without relayrl's agent "
+                          "frameworks: docs/environments/verifiers.md)") from e
+    return vf
+
+
+def _module_name(env_id: str) -> str:
+    # verifiers' own rule: hub ids are owner/name@version, installed as the module `name`
+    return env_id.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()
+
+
+def check_env_id(env_id: str) -> None:
+    """ConfigError naming close installed modules when no environment `env_id` is installed."""
+    name = _module_name(env_id)
+    if (importlib.util.find_spec(f"verifiers.v1.tasksets.{name}") is not None
+            or importlib.util.find_spec(name) is not None):
+        return
+    installed = sorted({m.name for m in pkgutil.iter_modules()})
+    close = difflib.get_close_matches(name, installed, n=5, cutoff=0.6)
+    hint = (f"did you mean {', '.join(close)}?" if close
+            else "install its package first (pip install <package>)")
+    raise ConfigError(f"no verifiers environment {env_id!r} is installed (no module {name!r}); "
+                      f"{hint}")
+
+
+def env_config(env_id: str, taskset: Mapping[str, Any] | None = None,
+               harness: str = "null", runtime: str = "subprocess",
+               env: Mapping[str, Any] | None = None) -> Any:
+    """verifiers' `EnvConfig` for an installed environment: its taskset id and settings, the
+    agent's harness and runtime, and env-level settings (`env`)."""
+    vf = require()
+    check_env_id(env_id)
+    raw: dict[str, Any] = {**dict(env or {}), "taskset": {**dict(taskset or {}), "id": env_id}}
+    agent = dict(raw.pop("agent", {}) or {})
+    agent.setdefault("harness", {"id": harness})
+    agent.setdefault("runtime", {"type": runtime})
+    raw["agent"] = agent
+    try:
+        return vf.resolve_env_config(raw)
+    except ValueError as e:  # pydantic's ValidationError is a ValueError
+        raise ConfigError(f"verifiers environment {env_id!r}: {e}") from e
+
+
+def load_env(env_id: str, taskset: Mapping[str, Any] | None = None, harness: str = "null",
+             runtime: str = "subprocess", env: Mapping[str, Any] | None = None) -> Any:
+    """The environment, loaded by verifiers (`vf.load_environment`)."""
+    vf = require()
+    return vf.load_environment(env_config(env_id, taskset, harness, runtime, env))
+
+
+def make_items(env_id: str, taskset: Mapping[str, Any] | None = None,
+               limit: int | None = None) -> list[dict[str, Any]]:
+    """One item per task of the environment's taskset (the first `limit`)."""
+    tasks = _tasks(load_env(env_id, taskset), limit)
+    spec = {"env_id": env_id, "taskset": dict(taskset or {})}
+    return [{SPEC_KEY: {**spec, "index": i}, "prompt": _prompt_text(t)}
+            for i, t in enumerate(tasks)]
+
+
+def _tasks(env: Any, limit: int | None) -> list[Any]:
+    taskset = env.taskset
+    if limit is not None:
+        taskset = taskset.take(limit)
+    elif not taskset.bounded:
+        raise ConfigError(f"{type(env.taskset).__name__} is infinite: give a limit")
+    return list(taskset)
+
+
+def _prompt_text(task: Any) -> str:
+    prompt = task.data.prompt
+    return prompt if isinstance(prompt, str) else str(prompt)
+
+
+class VerifiersAgent:
+    """Runs one task of an installed verifiers environment per episode; returns its reward."""
+
+    def __init__(self, env_id: str, taskset: Mapping[str, Any] | None = None,
+                 harness: str = "null", runtime: str = "subprocess",
+                 env: Mapping[str, Any] | None = None, model: str = "default",
+                 max_tokens: int | None = 256, temperature: float | None = 1.0,
+                 limit: int | None = None) -> None:
+        if not isinstance(harness, str) or not harness:
+            raise ConfigError(f"harness: give a verifiers harness id, got {harness!r} (for "
+                              'the chat loop write "null" in quotes: YAML reads null as none)')
+        self.env_id = env_id
+        self.taskset = dict(taskset or {})
+        self.harness = harness
+        self.runtime = runtime
+        self.env_settings = dict(env or {})
+        self.model = model
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.limit = limit
+        self.config = env_config(env_id, self.taskset, harness, runtime, self.env_settings)
+        self._env: Any = None
+        self._tasks: list[Any] = []
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._lock: asyncio.Lock | None = None
+        self._episodes = 0
+        self._failed = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # subprocess mode pickles the agent: each worker loads and serves its own environment
+        return {**self.__dict__, "_env": None, "_tasks": [], "_stack": None, "_lock": None}
+
+    async def _serving(self) -> tuple[Any, list[Any]]:
+        """The environment, serving (interception, shared tools) until `aclose`."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._env is None:
+                vf = require()
+                env = vf.load_environment(self.config)
+                stack = contextlib.AsyncExitStack()
+                await stack.enter_async_context(env.serving())
+                self._env, self._stack = env, stack
+                self._tasks = _tasks(env, self.limit)
+        return self._env, self._tasks
+
+    def model_context(self, base_url: str, api_key: str) -> Any:
+        """verifiers' model context for one episode: the session URL, its key, the sampling."""
+        vf = require()
+        from verifiers.v1.configs.client import EvalClientConfig
+
+        # The key travels as a header, not through api_key_var: one process-wide variable
+        # cannot hold a different key for each concurrent episode.
+        client = EvalClientConfig(base_url=base_url, api_key_var="RELAYRL_SESSION_KEY_UNUSED",
+                                  headers={"Authorization": f"Bearer {api_key}"})
+        sampling = vf.SamplingConfig(max_tokens=self.max_tokens, temperature=self.temperature)
+        return vf.ModelContext(model=self.model, client=client, sampling=sampling)
+
+    async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
+        """One verifiers rollout of the task `data` names; the episode's reward."""
+        import os
+
+        spec = data.get(SPEC_KEY)
+        if not isinstance(spec, Mapping) or "index" not in spec:
+            raise InvalidRequest(f"a verifiers item needs {SPEC_KEY!r} with an index (from "
+                                 f"make_items); got keys {sorted(data)}")
+        if spec.get("env_id", self.env_id) != self.env_id:
+            raise InvalidRequest(f"the item is a task of {spec['env_id']!r}, this agent runs "
+                                 f"{self.env_id!r}")
+        env, tasks = await self._serving()
+        index = int(spec["index"])
+        if not 0 <= index < len(tasks):
+            raise InvalidRequest(f"task index {index} outside the taskset's {len(tasks)} tasks")
+        ctx = self.model_context(extra_kwargs.get("base_url") or os.environ["OPENAI_BASE_URL"],
+                                 extra_kwargs.get("api_key") or os.environ["OPENAI_API_KEY"])
+        slot = env.slots(tasks[index], 1)[0]
+        episode = await env.run_slot(slot, ctx)
+        self._episodes += 1
+        if not episode.ok or not episode.traces:
+            # a harness, tool or scorer failure is not a wrong answer: abort, never score 0
+            self._failed += 1
+            errors = "; ".join(f"{e.type}: {e.message}" for e in episode.errors[-3:])
+            raise EpisodeFailed(f"verifiers episode of {self.env_id!r} task {index} failed: "
+                                f"{errors or 'no trace'}")
+        return float(sum(trace.reward for trace in episode.traces))
+
+    def counters(self) -> dict[str, float]:
+        """Episodes run and failed."""
+        return {"episodes": self._episodes, "failed_episodes": self._failed}
+
+    async def aclose(self) -> None:
+        """Stop serving the environment (interception server, shared tool servers)."""
+        if self._stack is not None:
+            stack, self._stack, self._env = self._stack, None, None
+            await stack.aclose()

@@ -1,0 +1,64 @@
+"""The reasoning-gym main job: its config and items load, and a 2-step run trains end to end.
+
+The run is the real thing, shrunk: the real reasoning-gym package generates and scores the
+questions, the default model answers them through the trainer's own gateway, and GRPO updates it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relayrl.config import RelayConfig, load_config
+from relayrl.train.trainer import load_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = ROOT / "examples" / "reasoning_gym"
+
+
+def test_the_config_and_items_load_and_name_reasoning_gym_entries() -> None:
+    cfg = load_config(RelayConfig, HERE / "config.yaml")
+    assert cfg.workflow == "relayrl.envs.reasoning_gym:ReasoningGymAgent"
+    train, held_out = load_dataset(cfg.data.train), load_dataset(cfg.data.eval)
+    assert len(train) == 256 and len(held_out) == 64
+    specs = {(i["reasoning_gym"]["dataset"], i["reasoning_gym"]["seed"]) for i in train + held_out}
+    assert specs == {("basic_arithmetic", 1), ("basic_arithmetic", 2)}  # another seed held out
+
+
+def test_the_items_are_what_reasoning_gym_generates_today() -> None:
+    pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed")
+    from relayrl.envs.reasoning_gym import make_items
+
+    held_out = load_dataset(HERE / "eval.jsonl")
+    spec = held_out[0]["reasoning_gym"]
+    assert make_items(spec["dataset"], size=spec["size"], seed=spec["seed"],
+                      config=spec["config"]) == held_out
+
+
+@pytest.mark.slow
+def test_two_grpo_steps_on_reasoning_gym_scored_by_its_own_scorer(tmp_path: Path) -> None:
+    pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed")
+    overrides = [
+        f"fileroot={tmp_path}", "trial_name=smoke", "train.total_steps=2",
+        "rollout.group_size=2", "rollout.batch_size=2", "rollout.dynamic_sampling=false",
+        "train.drop_uniform_groups=false",  # every batch then takes a step: 2 steps exactly
+        "eval.max_items=4", "workflow_kwargs.max_tokens=12", "eval.workflow_kwargs.max_tokens=12",
+    ]
+    proc = subprocess.run([sys.executable, str(HERE / "train.py"), *overrides],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "held-out reward before RL" in proc.stdout
+    run = tmp_path / "reasoning_gym" / "smoke"
+    lines = [json.loads(x) for x in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if "step_s" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    # the agent's counters reach the step metrics: 2 questions x 2 episodes a step
+    assert steps[-1]["workflow/episodes"] >= 8 and 0 <= steps[-1]["workflow/mean_score"] <= 1
+    final = next(m for m in lines if "eval_reward_after" in m)
+    assert 0 <= final["eval_reward_before"] <= 1 and 0 <= final["eval_reward_after"] <= 1
+    assert (run / "checkpoints" / "step_2" / "config.json").exists()
+    assert (run / "logs" / "reward_loss.png").stat().st_size > 1000
