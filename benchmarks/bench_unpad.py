@@ -13,7 +13,7 @@ micro-batch's bucketed length) and `issue 14` (the update as issue 14 found it: 
 `ISSUE_14` arm); on a CPU with bf16 units, `unpad, unfused norms, MLPs, rotary` (RMSNorm, SwiGLU
 and the rotary embedding as torch's ops, as before `relayrl.train.fused`), `unpad, no train kernels` (also the scores and
 the output head's logits as fp32 products of upcast copies and torch's softmax, as before
-`engine/csrc/train_kernels.c`), `unpad, fp32 flash attention` (torch's SDPA in fp32 as well, as
+`kernels/csrc/train_kernels.c`), `unpad, fp32 flash attention` (torch's SDPA in fp32 as well, as
 before `attention.MATMUL_ON_CPU`) and `unpad, bf16 flash attention` (SDPA in bf16, as before
 `attention.UPCAST_ON_CPU`). Each updates bench_train's 16 agent-shaped rows (a 313-token system
 prompt, a question per group of 8, a tool call, its result and an answer); `--random` adds `pad`
@@ -48,8 +48,8 @@ from bench_train import (
 )
 from tqdm import tqdm
 
-from relayrl.engine import cpu_kernels
 from relayrl.heap import keep_freed_heap
+from relayrl.kernels import cpu as cpu_kernels
 from relayrl.models import DEFAULT_MODEL, model_path
 from relayrl.train import attention, fused, packing
 from relayrl.train.actor import Actor

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from relayrl.engine.cpu_kernels import decode_attention_kernel, decode_step_kernel
 from relayrl.engine.decoder import LeanDecoder
 from relayrl.engine.local import LocalEngine
+from relayrl.kernels import decode_attention_kernel, decode_step_kernel
 from relayrl.types import GenerateOutput, GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from transformers.models.llama import modeling_llama
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm
 
-from relayrl.engine.cpu_kernels import TrainKernels, train_kernels
+from relayrl.kernels import TrainKernels, train_kernels
 from relayrl.train import fused
 from relayrl.train.actor import Actor
 from relayrl.train.checkpoint import copy_tokenizer_files

@@ -82,12 +82,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from relayrl.engine.base import validate_request
-from relayrl.engine.cpu_kernels import decode_attention_kernel, decode_step_kernel
 from relayrl.engine.decoder import LeanDecoder
 from relayrl.engine.prefix_cache import BLOCK, PrefixCache, PrefixEntry, PrefixStats, block_hashes
 from relayrl.engine.sampling import RowParams, sample
 from relayrl.engine.stops import StopStringMatcher
 from relayrl.errors import EngineError, InvalidRequest, ModelError
+from relayrl.kernels import decode_attention_kernel, decode_step_kernel, usable_cores
 from relayrl.models import cache_kwarg, cpu_has_bf16_units
 from relayrl.types import (
     FinishReason,
@@ -1109,14 +1109,6 @@ def _packed_linear_matches() -> bool:
     except (AttributeError, RuntimeError):
         return False
     return torch.equal(y, torch.nn.functional.linear(x, w))
-
-
-def usable_cores() -> int:
-    """The CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def default_num_threads() -> int:

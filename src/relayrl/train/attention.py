@@ -29,7 +29,7 @@ allocates on every call from inside its parallel loop, where a training process 
 arena (`relayrl.heap.keep_freed_heap`), so the threads queue for its lock (85-90 ms a layer
 against 41-45 in fp32 on the main job's shapes). The products took one layer's forward and
 backward from 63-73 ms (fp32 flash) to 37 ms, and 23 ms with our kernels for the fp32 products
-and the softmax (`engine/csrc/train_kernels.c`: torch's CPU matmul rounds a bf16 product's
+and the softmax (`kernels/csrc/train_kernels.c`: torch's CPU matmul rounds a bf16 product's
 output to bf16). Where a call's probabilities would exceed `MATMUL_MAX_BYTES`, and for padded
 rows (whose padding queries may see no key), attention runs in fp32 through SDPA, which costs a
 copy of q, k and v and fp32 saved tensors. Scoring without grad takes the same path as the
@@ -48,7 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from relayrl.engine.cpu_kernels import train_kernels
+from relayrl.kernels import train_kernels
 
 GQA_SDPA = "relayrl_sdpa_gqa"
 """The name the attention function is registered under with transformers."""
@@ -382,7 +382,7 @@ def _bias(sees: torch.Tensor) -> torch.Tensor:
 
 def _fp32_product(a: torch.Tensor, b: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """`scale * a @ b^T` in fp32 from bf16 operands: our kernel where it is built
-    (engine/csrc/train_kernels.c, at the bf16 units' rate), else an fp32 product of upcast copies."""
+    (kernels/csrc/train_kernels.c, at the bf16 units' rate), else an fp32 product of upcast copies."""
     kernel = train_kernels()
     if kernel is not None and kernel.supports(a, b):
         return kernel.product(a, b, scale)
@@ -415,7 +415,7 @@ class _MatmulAttention(torch.autograd.Function):
     dO v^T` in fp32 (rounded to bf16, the scores cost 2-3x the output's error where they are
     large), the products with the probabilities `P` and with `dS` in bf16, as GPU flash kernels
     do them. The query heads of one key/value head are stacked along the queries, so grouped
-    heads need no copies. Where our kernels are built (engine/csrc/train_kernels.c) the fp32
+    heads need no copies. Where our kernels are built (kernels/csrc/train_kernels.c) the fp32
     products run on the bf16 units and the softmax and its backward take one pass a row: one
     layer of the main job's shapes forward and backward in 23 ms, against 63-73 ms for torch's
     CPU flash kernel in fp32, whose products do not use the bf16 units."""

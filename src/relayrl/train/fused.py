@@ -6,7 +6,7 @@ mean, add, rsqrt, multiply, a cast down, the weight), SwiGLU two (silu, multiply
 adds as many again going back. On the main job's update each op is a pass over a [1728, 576] or
 [1728, 1536] tensor; one pass each took 0.10-0.22 s off a 3.4 s update on two Zen 5 cores
 (1.03-1.07x over three runs, benchmarks/RESULTS.md, "The update at half the bf16 peak"). The
-kernels (engine/csrc/train_kernels.c) read each input once and round where the bf16 ops round
+kernels (kernels/csrc/train_kernels.c) read each input once and round where the bf16 ops round
 (after the normalisation, after the weight; after silu, after the product), so outputs equal the
 modules' own (bit-equal on the main job's shapes, measured; an exp or a sum a hair apart could
 flip a rounding).
@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from relayrl.engine.cpu_kernels import TrainKernels, train_kernels
+from relayrl.kernels import TrainKernels, train_kernels
 
 ENABLED = True
 """Whether fused modules take the kernels (else their own forward); read at each call."""

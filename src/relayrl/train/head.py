@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from relayrl.engine.cpu_kernels import train_kernels
+from relayrl.kernels import train_kernels
 
 CHUNK_BYTES = 8 << 20
 """Bytes of fp32 logits processed per slice of rows: small enough to stay in the last-level cache."""
@@ -34,7 +34,7 @@ def _logits(hidden_N_H: torch.Tensor, weight_V_H: torch.Tensor) -> torch.Tensor:
         kernel = train_kernels()
         if kernel is not None and kernel.supports(hidden_N_H, weight_V_H):
             # bf16 hidden states, an fp32 head: the weight as two bf16 terms on the bf16 units
-            # (engine/csrc/train_kernels.c), logits within ~1e-5 of the fp32 product at 2.2x its speed
+            # (kernels/csrc/train_kernels.c), logits within ~1e-5 of the fp32 product at 2.2x its speed
             return kernel.product(hidden_N_H, weight_V_H)
         return hidden_N_H.float() @ weight_V_H.t()
     # a bf16 head: its logits are rounded as the head's dtype rounds them, then widened

@@ -9,8 +9,8 @@ so rollouts for the next batch keep sampling: asynchronous, bounded by `max_stal
 the same weights, so the first batch is sampled while the eval runs. Everything else here is
 set-up and tear-down.
 
-Imports: train, rollout (records and config), trajectory, models. Never engine, gateway or
-client: those belong to the launcher.
+Imports: train, rollout (records and config), trajectory, models, kernels (the core count).
+Never engine, gateway or client: those belong to the launcher.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from relayrl.engine.local import usable_cores
 from relayrl.errors import ConfigError
+from relayrl.kernels import usable_cores
 from relayrl.models import model_path
 from relayrl.rollout import Batch, RolloutController
 from relayrl.train.actor import Actor
@@ -41,7 +41,15 @@ from relayrl.train.distributed import DistributedActor, join_process_group
 from relayrl.train.losses import SUM_STATS, merge_stats
 from relayrl.train.metrics import MetricsLogger, episode_metrics, trained_tokens
 from relayrl.train.packing import TrainBatch, minibatch_rows
-from relayrl.train.ports import BatchSource, Launcher, Services, TrainerSettings
+from relayrl.train.ports import (
+    BatchSource,
+    Launcher,
+    Services,
+    ThreadedEngine,
+    TrainerSettings,
+    engine_busy,
+    engine_threads,
+)
 from relayrl.train.sft import run_sft
 from relayrl.trajectory import read_jsonl
 from relayrl.trajectory.batch import RowBatch
@@ -323,7 +331,7 @@ class _Run:
         cores = usable_cores()
         if phase == "sft":
             return cores
-        return max(1, cores - int(getattr(self.services, "engine_threads", 0)))
+        return max(1, cores - engine_threads(self.services))
 
     def _controller(self, workflow: Any, kwargs: dict[str, Any] | None,
                     dataset: Sequence[dict[str, Any]], is_eval: bool,
@@ -400,16 +408,16 @@ class _Run:
     def _engine_takes_update_cores(self) -> Iterator[None]:
         """An in-process engine runs on its threads plus the RL update's while no update runs
         (an eval, or the RL loop awaiting a batch, leaves the update thread idle)."""
-        set_threads = getattr(self.services.engine, "set_threads", None)
-        own = int(getattr(self.services.engine, "num_threads", 0) or 0)
-        if set_threads is None or own < 1:
+        engine = self.services.engine
+        own = int(engine.num_threads or 0) if isinstance(engine, ThreadedEngine) else 0
+        if not isinstance(engine, ThreadedEngine) or own < 1:
             yield
             return
-        set_threads(own + self.threads("rl"))
+        engine.set_threads(own + self.threads("rl"))
         try:
             yield
         finally:
-            set_threads(None)
+            engine.set_threads(None)
 
     @contextlib.asynccontextmanager
     async def _lend_idle_engine_cores(
@@ -422,7 +430,7 @@ class _Run:
         on the loop (the update thread only reads an int).
         """
         lent = _Lent()
-        extra = int(getattr(self.services, "engine_threads", 0))
+        extra = engine_threads(self.services)
         train = self.cfg.train
         if (rollouts_running is None or extra < 1 or train.num_threads is not None
                 or not train.lend_engine_cores):
@@ -433,7 +441,7 @@ class _Run:
 
         async def watch() -> None:
             while True:
-                idle = rollouts_running() == 0 and not getattr(engine, "active", 0)
+                idle = rollouts_running() == 0 and not engine_busy(engine)
                 if idle != (lent.since is not None):
                     lent.toggle(time.perf_counter())
                     actor.threads_wanted = threads + extra if idle else threads
