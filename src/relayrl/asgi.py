@@ -4,8 +4,7 @@ viewer) take their event loop and HTTP parser from here, and stream server-sent 
 (`relayrl.router.http`), because uvicorn's per-request work was half of its cost per call.
 
 The fastest installed are used: uvloop and httptools (core dependencies; uvicorn's own
-recommended extras), else asyncio's loop and h11. `RELAYRL_LOOP=asyncio` and `RELAYRL_HTTP=h11`
-force the fallbacks (to measure what each costs). A server run in a thread gets a fresh loop
+recommended extras), else asyncio's loop and h11. A server run in a thread gets a fresh loop
 from `new_event_loop()`: uvloop loops work outside the main thread, and the callers turn off
 uvicorn's signal handlers there.
 
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,16 +30,12 @@ def _installed(module: str) -> bool:
 
 
 def loop_name() -> str:
-    """The event loop servers run on: "uvloop" when installed (and not turned off), else "asyncio"."""
-    if os.environ.get("RELAYRL_LOOP", "").lower() == "asyncio":
-        return "asyncio"
+    """The event loop servers run on: "uvloop" when installed, else "asyncio"."""
     return "uvloop" if _installed("uvloop") else "asyncio"
 
 
 def http_name() -> str:
-    """The HTTP/1.1 parser servers use: "httptools" when installed (and not turned off), else "h11"."""
-    if os.environ.get("RELAYRL_HTTP", "").lower() == "h11":
-        return "h11"
+    """The HTTP/1.1 parser servers use: "httptools" when installed, else "h11"."""
     return "httptools" if _installed("httptools") else "h11"
 
 

@@ -30,19 +30,18 @@ same bits, ~1.8x faster products at decode batch sizes.
 
 Decode steps of Llama-family models (Llama, Qwen2, Mistral) skip the model's forward: `LeanDecoder`
 (`relayrl.engine.decoder`) runs the same arithmetic on the same weights and cache rows with fewer,
-fused ops (same bits, 1.2-1.3x the tokens/s; `lean_decode=False` turns it off), and so does
-their prefill (`LeanDecoder.prefill`: products on the prompts' tokens without padding; fp32
-logprobs equal the model's padded prefill to 1e-5; `lean_prefill=False` keeps the model's). Other
-architectures run the model. Keys and values of a layer are the two halves of one
+fused ops (same bits, more tokens/s: benchmarks/RESULTS.md), and so does their prefill
+(`LeanDecoder.prefill`: products on the prompts' tokens without padding; fp32 logprobs equal the
+model's padded prefill to 1e-5). Other architectures run the model. On CPU the decode step
+attends with relayrl's compiled kernel, or runs as one compiled call for bias-free models
+(`relayrl.kernels`), wherever those build; elsewhere it runs op by op in torch. Keys and values of a layer are the two halves of one
 buffer (`_SlotLayer.both`), so a decode step stores both with one copy.
 
-Measured on the 2-core Xeon (AMX-bf16) with SmolLM2-135M, one decode step of the HF model:
-fp32 29/55/88 ms and bf16 31/36/57 ms at batch 1/8/32; on a 2-core EPYC with AVX512-BF16 and no
-AMX the whole engine ran 1.9-2.5x faster in bf16. So `dtype="auto"` picks bf16 where the CPU
-computes bf16 natively (`relayrl.models.cpu_has_bf16_units`) or on a CUDA GPU with bf16, and
-fp32 elsewhere. transformers' own continuous
-batching (`generate_batch`, paged cache) runs on CPU but reached only 94-138 tok/s (bf16) on
-32 × 128 tokens, below even a static `generate` batch; this loop does ~330 (benchmarks/RESULTS.md).
+bf16 decodes faster than fp32 where the CPU computes bf16 natively (AMX or AVX512-BF16) and
+slower where it emulates it, so `dtype="auto"` picks bf16 there
+(`relayrl.models.cpu_has_bf16_units`) or on a CUDA GPU with bf16, and fp32 elsewhere.
+transformers' own continuous batching (`generate_batch`, paged cache) runs on CPU but slower
+than even a static `generate` batch; this loop is several times faster (benchmarks/RESULTS.md).
 
 Logprobs: `log_softmax(logits / T)` of the sampled token (T = 1 for greedy), computed in fp32
 from the logits, before top-p/top-k truncation (see `relayrl.engine.sampling`). With a bf16 model
@@ -50,12 +49,11 @@ the logits themselves come from bf16 weights; run `dtype="float32"` where logpro
 fp32 forward pass to 1e-4.
 
 Threads: when the engine's OpenMP threads fill every core, any other busy process (a trainer,
-the event loop, an agent's tool) makes torch's per-op barriers wait for a descheduled thread.
-Measured with benchmarks/bench_contention.py (2 cores, 8 concurrent, one competing busy process):
-2 threads went from ~120 ms a decode step alone to 500-900 ms (4-8x; OMP_WAIT_POLICY=PASSIVE
-1.5-2x), while 1 thread went from ~140 ms to ~140-160 ms. So by default the engine leaves one
-core to the rest of the process and the machine (`default_num_threads`), as vLLM's CPU backend
-reserves a core for its front end; pass `num_threads` to use every core on a dedicated machine.
+the event loop, an agent's tool) makes torch's per-op barriers wait for a descheduled thread:
+with one competing busy process a decode step on every core slows several-fold, on one core
+less leaves it nearly as it was (benchmarks/bench_contention.py; benchmarks/RESULTS.md). So by
+default the engine leaves one core to the rest of the process and the machine
+(`default_num_threads`), as vLLM's CPU backend reserves a core for its front end; pass `num_threads` to use every core on a dedicated machine.
 
 The engine stops a request only at its own `stop_token_ids` / `stop` strings, `max_new_tokens`
 or the context length: it adds no end-of-sequence id by itself (the renderer supplies those).
@@ -406,15 +404,6 @@ class LocalEngine:
         max_context: caps the model's context length (prompt + output).
         max_prefill_tokens: padded prompt tokens prefilled together between two decode steps.
         num_threads: torch threads of the engine thread only (None: `default_num_threads()`).
-        lean_decode: decode Llama-family models through `LeanDecoder` (False: through the model's
-            own forward, kept for comparison and for architectures it does not cover).
-        lean_prefill: prefill through `LeanDecoder` too, where it decodes (False: through the
-            model's forward, padded; kept for comparison).
-        decode_kernel: on CPU, attend at decode with relayrl's compiled kernel
-            (`relayrl.engine.cpu_kernels`) instead of torch's SDPA, where it builds here.
-        fused_step: with `decode_kernel`, run each decode step of a bias-free model as one
-            compiled call where it builds (`csrc/decode_step.c` for bf16 on AVX512-BF16,
-            `csrc/decode_step_f32.c` for fp32 on AVX2 + FMA; False: op by op in torch).
         prefix_cache_mb: memory for the KV of finished sequences, reused by later prompts that
             start with the same tokens (`relayrl.engine.prefix_cache`); 0 turns reuse off.
     """
@@ -430,10 +419,6 @@ class LocalEngine:
         max_context: int | None = None,
         max_prefill_tokens: int = 4096,
         num_threads: int | None = None,
-        lean_decode: bool = True,
-        lean_prefill: bool = True,
-        decode_kernel: bool = True,
-        fused_step: bool = True,
         prefix_cache_mb: int = 512,
     ) -> None:
         if max_batch_size <= 0:
@@ -449,17 +434,13 @@ class LocalEngine:
             raise ModelError(f"cannot load a causal LM from {model_path!r}: {e}") from e
         self.model.to(self.device).eval()
         self.packed_linears = _pack_linears(self.model)
-        use_kernel = lean_decode and decode_kernel and self.device.type == "cpu"
-        kernel = decode_attention_kernel() if use_kernel else None
-        step_kernel = decode_step_kernel(self.dtype) if use_kernel and fused_step else None
+        on_cpu = self.device.type == "cpu"
+        kernel = decode_attention_kernel() if on_cpu else None
+        step_kernel = decode_step_kernel(self.dtype) if on_cpu else None
         # None for architectures it does not reproduce: those decode through the model's forward.
-        self.lean = (
-            LeanDecoder.build(self.model, packed=self.packed_linears > 0, attention=kernel,
-                              step_kernel=step_kernel)
-            if lean_decode
-            else None
-        )
-        self.lean_prefill = lean_prefill and self.lean is not None
+        self.lean = LeanDecoder.build(self.model, packed=self.packed_linears > 0,
+                                      attention=kernel, step_kernel=step_kernel)
+        self.lean_prefill = self.lean is not None
         self.decode_path = _decode_path(self.lean)
         """How a decode step runs here, in words (logged once: kernels build only where they can)."""
         log.info("LocalEngine: %s on %s, decode %s", str(self.dtype).removeprefix("torch."),

@@ -13,7 +13,7 @@ flip a rounding).
 
 `fuse` replaces the `forward` of those modules of a model with one that takes the kernels for
 contiguous bf16 CPU tensors (hidden size a multiple of 16) and calls the module's own forward for
-anything else; `ENABLED` switches them off at run time (benchmarks compare both). The classes are
+anything else (and everything where the kernels are not built). The classes are
 named, not guessed: an RMSNorm that adds one to its weight (Gemma) or an MLP with another
 activation must not take these.
 
@@ -21,7 +21,7 @@ The rotary embedding is not a module: attention calls its modeling module's
 `apply_rotary_pos_emb` (`q * cos + rotate_half(q) * sin`, five bf16 ops and a concatenation per
 tensor, as many again going back). `fuse` wraps that function, for the whole process, with one
 that takes the kernel for bf16 CPU tensors it takes and hands anything else to the original
-(fp32, another head size or layout, compiled code, `ENABLED` off). Its outputs and gradients
+(fp32, another head size or layout, compiled code, no kernels). Its outputs and gradients
 equal the original's bit for bit (each element is one product or a sum of two, rounded as torch
 rounds them; tested), so other callers in the process get the same numbers. 1.017x the update
 (twelve interleaved rounds; the embedding's whole cost, measured by skipping it, was 1.018x).
@@ -43,9 +43,6 @@ from torch.autograd.function import once_differentiable
 
 from relayrl.kernels import TrainKernels, train_kernels
 
-ENABLED = True
-"""Whether fused modules take the kernels (else their own forward); read at each call."""
-
 NORM_CLASSES = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"})
 """RMSNorms written as y = weight * bf16(x * rsqrt(mean(x^2) + eps)), computed in fp32."""
 
@@ -59,8 +56,8 @@ rotate_half(x) * sin`, rotate_half(x) = [-x2, x1], cos and sin unsqueezed at dim
 
 
 def _kernels(*tensors: torch.Tensor) -> TrainKernels | None:
-    """The kernels, where they are on and these tensors are what they take."""
-    if not ENABLED or any(t.dtype != torch.bfloat16 or t.device.type != "cpu" for t in tensors):
+    """The kernels, where they are built and these tensors are what they take."""
+    if any(t.dtype != torch.bfloat16 or t.device.type != "cpu" for t in tensors):
         return None
     return train_kernels()
 

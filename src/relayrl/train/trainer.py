@@ -242,17 +242,10 @@ class PPOTrainer:
         if cfg.train.world_size > 1:
             cls, device = DistributedActor, str(join_process_group(cfg.train.world_size))
         last = latest_checkpoint(cfg.checkpoint_dir)
-        if last is not None:  # the KL reference is the original model (or the warm-start's)
-            warmed = warm_start_dir(cfg)
-            reference = (str(warmed) if cfg.train.kl_reference == "warm_start"
-                         and (warmed / "config.json").exists() else model_path(cfg.model))
-            return cls.resume(last, cfg.train, device=device, reference_path=reference)
+        if last is not None:  # the KL reference is the original model
+            return cls.resume(last, cfg.train, device=device,
+                              reference_path=model_path(cfg.model))
         return cls(model_path(cfg.model), cfg.train, device=device)
-
-
-def warm_start_dir(cfg: TrainerSettings) -> Path:
-    """Where the policy after the SFT warm-start is kept when it is the KL reference."""
-    return cfg.checkpoint_dir / "warm_start"
 
 
 def _device() -> str:
@@ -341,7 +334,7 @@ class _Run:
             rollout = replace(rollout, seed=self.cfg.seed)
         if is_eval:
             rollout = replace(rollout, group_size=1, batch_size=len(dataset), epochs=1,
-                              shuffle=False, stratify_by=None, baseline_by=None, is_eval=True,
+                              shuffle=False, is_eval=True,
                               max_staleness=0,
                               max_concurrent_rollouts=self.cfg.eval.max_concurrent
                               or rollout.max_concurrent_rollouts)
@@ -358,10 +351,6 @@ class _Run:
         sft_log.close()
         if isinstance(self.actor, DistributedActor):
             self.actor.sync_followers()  # SFT ran on rank 0 alone
-        train = self.cfg.train
-        if train.kl_coef > 0 and train.kl_reference == "warm_start":
-            # on disk, so a resumed run scores against the same model (`_make_actor`)
-            self.actor.set_reference(self.actor.save(warm_start_dir(self.cfg)))
         await self.services.engine.update_weights(self.actor.state_dict_for_engine(),
                                                   version=self.actor.version)
 
@@ -564,7 +553,7 @@ class _Run:
         """
         started = time.perf_counter()
         tb = TrainBatch.from_row_batch(batch.rows)
-        adv = compute_advantages(tb, self.cfg.train, batch.baselines)
+        adv = compute_advantages(tb, self.cfg.train)
         version = self.actor.version
         # rollouts keep sampling with the old weights while the update runs in a thread
         async with self._lend_idle_engine_cores(rollouts_running) as lent:
@@ -583,10 +572,6 @@ class _Run:
             adv.stats, rows=float(tb.num_rows),
             aborted_episodes=float(stats.aborted), rejected_episodes=float(stats.rejected),
             set_aside_groups=float(stats.groups_set_aside),
-            discarded_groups=float(stats.groups_discarded),
-            baseline_groups=float(stats.groups_baselined),
-            grown_groups=float(stats.groups_grown),
-            grown_signal_groups=float(stats.grown_groups_with_signal),
             step_s=step_s, trained_tokens_per_s=trained_tokens(batch.rows) / max(step_s, 1e-9),
         )
         metrics.update(episode_metrics(batch.rows))
@@ -678,8 +663,7 @@ def _counters_text(counters: dict[str, float]) -> str:
 
 def _print_step(step: int, total: int, m: dict[str, float]) -> None:
     keys = ("reward_mean", "loss", "approx_kl", "clip_frac", "tool_call_rate",
-            "trained_tokens_per_s", "step_s", "set_aside_groups", "discarded_groups",
-            "baseline_groups", "grown_groups", "grown_signal_groups")
+            "trained_tokens_per_s", "step_s", "set_aside_groups")
     shown = " ".join(f"{k}={m[k]:.3g}" for k in keys  # group counts: 0 unless sampling adapts
                      if k in m and (m[k] or not k.endswith("_groups")))
     counters = _counters_text({k[len(WORKFLOW_PREFIX):]: v for k, v in m.items()
