@@ -2,12 +2,11 @@
 
 An update scores ~1,200 trained tokens against a 49,152-token vocabulary: fp32 logits of 240 MB.
 Autograd's `gather - logsumexp` over them makes several tensors that size, and torch's CPU
-`logsumexp` alone took 0.70 s on one thread for them, against 0.13 s for the in-place passes
-here (max, subtract, exp, sum, divide, a slice of rows at a time so that each pass over a slice
-hits cache). The backward turns the kept probabilities into the logits' gradient in place and
-runs the two matrix products in the hidden state's dtype (bf16 under bf16 compute, as the
-decoder's own backward; the forward's logits stay fp32). Forward and backward on one thread: 1.9 s -> 1.45 s; a whole
-agent-shaped update, 11.3 s -> 10.3 s (best of 4 interleaved rounds, 2026-11-25).
+`logsumexp` alone is several times slower than the in-place passes here (max, subtract, exp,
+sum, divide, a slice of rows at a time so that each pass over a slice hits cache). The backward
+turns the kept probabilities into the logits' gradient in place and runs the two matrix products
+in the hidden state's dtype (bf16 under bf16 compute, as the decoder's own backward; the
+forward's logits stay fp32). What it saves an update: benchmarks/RESULTS.md.
 
 Tradeoff: the probabilities are kept for the backward (the same memory autograd kept for the
 logits) instead of being recomputed, which would cost a third head product; the backward
