@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from relayrl.engine import local
 from relayrl.engine.decoder import LeanDecoder
+from relayrl.engine.loading import describe_decode_path
 from relayrl.engine.local import LocalEngine
 from relayrl.kernels import decode_attention_kernel, decode_step_kernel
 from relayrl.types import GenerateOutput, GenerateRequest, SamplingParams
@@ -49,7 +49,7 @@ def engine_with(model_dir: str, dtype: str, max_context: int, *, lean: bool = Tr
         step_kernel=decode_step_kernel(engine.dtype) if kernel and fused else None,
     ) if lean else None
     engine.lean_prefill = lean_prefill and engine.lean is not None
-    engine.decode_path = local._decode_path(engine.lean)
+    engine.decode_path = describe_decode_path(engine.lean)
     return engine
 
 
