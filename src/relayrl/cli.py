@@ -262,9 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     en.set_defaults(func=_cmd_engine)
 
     rs = sub.add_parser("rollout-server", add_help=False,
-                        help="the reference remote rollout server: POST /rollout, GET /tools "
-                        "(an API key off loopback); `relayrl rollout-server --help` lists its "
-                        "flags")
+                        help="the reference server of the remote rollout protocol: POST /rollout, "
+                        "GET /tools (an API key off loopback); `relayrl rollout-server --help` "
+                        "lists its flags")
     rs.add_argument("args", nargs=argparse.REMAINDER)
     rs.set_defaults(func=_cmd_rollout_server)
 

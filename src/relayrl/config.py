@@ -39,6 +39,23 @@ from relayrl.workflow.agent import AgentMode
 
 T = TypeVar("T")
 
+MOVED_KEYS: dict[str, str] = {
+    "gateway.model": "model",
+    "gateway.engine": "engine.kind",
+    "gateway.engine_url": "engine.url",
+    "gateway.max_staleness": "rollout.max_staleness",
+    "gateway.batch_size": "rollout.batch_size",
+}
+"""Keys of a run's config (`RelayConfig`) that are set in one place only: the gateway section's
+copy -> the key that sets it. `relayrl gateway` alone still reads them from its own config."""
+
+REMOVED_KEYS = frozenset({
+    "rollout.stratify_by", "rollout.oversample_groups", "rollout.grow_uniform_groups",
+    "rollout.baseline_by", "rollout.baseline_window", "rollout.baseline_min_gap",
+    "train.kl_reference", "train.bf16_mode",
+})
+"""Options that are gone: a config that sets one is refused with a message saying so."""
+
 @dataclass(frozen=True)
 class RelayConfig:
     """A whole run. Logs and checkpoints go under `{fileroot}/{experiment_name}/{trial_name}/`."""
@@ -60,11 +77,6 @@ class RelayConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     service: ExternalConfig = field(default_factory=ExternalConfig)  # `relayrl serve` only
 
-    def __post_init__(self) -> None:
-        if self.rollout.baseline_by is not None and self.train.advantage_source != "group":
-            raise ConfigError("rollout.baseline_by needs train.advantage_source: group (a "
-                              "running mean of episode rewards is no baseline for turn returns)")
-
     @property
     def run_dir(self) -> Path:
         """`{fileroot}/{experiment_name}/{trial_name}`: this trial's outputs."""
@@ -81,7 +93,7 @@ class RelayConfig:
         return self.run_dir / "logs"
 
     def gateway_config(self) -> GatewayConfig:
-        """The gateway's settings, serving this run's policy (`model` wins over `gateway.model`)."""
+        """The gateway's settings, serving this run's policy (the top-level `model`)."""
         return dataclasses.replace(self.gateway, model=self.model)
 
 
@@ -158,7 +170,12 @@ def parse_override(item: str) -> tuple[str, _CliText]:
 
 def to_dict(config: Any) -> dict[str, Any]:
     """A dataclass instance as plain YAML-ready values (tuples become lists, enums values)."""
-    return typing.cast(dict[str, Any], _plain(config))
+    data = typing.cast(dict[str, Any], _plain(config))
+    if isinstance(config, RelayConfig):  # set elsewhere in a run: see MOVED_KEYS
+        for key in MOVED_KEYS:
+            section, name = key.split(".")
+            data[section].pop(name, None)
+    return data
 
 
 def dump_config(config: Any, path: str | Path) -> None:
@@ -178,6 +195,11 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
+        if dotted in MOVED_KEYS and _root_is_run(cls, prefix):
+            raise ConfigError(f"{dotted}: set {MOVED_KEYS[dotted]} instead (a run sets it in "
+                              "one place)")
+        if key not in fields and dotted in REMOVED_KEYS:
+            raise ConfigError(f"{dotted}: this option was removed; delete it from the config")
         if key not in fields:
             raise ConfigError(f"{dotted}: unknown key{_suggest(str(key), fields, prefix)}")
         kwargs[key] = _convert(value, hints[key], dotted)
@@ -303,6 +325,11 @@ def _move(data: dict[str, Any], old: str, new: str, value: Any) -> None:
         node[part] = dict(node.get(part) or {})
         node = node[part]
     node[leaf] = value
+
+
+def _root_is_run(cls: type, prefix: str) -> bool:
+    """Whether `cls` at `prefix` is the gateway section of a run's config, not a gateway's own."""
+    return prefix == "gateway" and cls is GatewayConfig
 
 
 def _suggest(key: str, fields: Mapping[str, Any], prefix: str) -> str:

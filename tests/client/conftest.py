@@ -19,9 +19,9 @@ def svc(model_dir: str) -> Iterator[Gateway]:
 
 @pytest.fixture
 def open_svc(model_dir: str) -> Iterator[Gateway]:
-    """A loopback gateway as `relayrl gateway` starts one, for seed 003's example.
+    """A loopback gateway as `relayrl gateway` starts one, for the manual-trajectory example.
 
-    It has an admin key (a gateway never runs with its control routes open); the seed's code
+    It has an admin key (a gateway never runs with its control routes open); the example's code
     stays as written and finds the key in the environment (`RELAYRL_API_KEY`).
     """
     g = fake_gateway(model_dir, max_staleness=None)

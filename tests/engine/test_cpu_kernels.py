@@ -13,14 +13,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from relayrl.engine import cpu_kernels
-from relayrl.engine.cpu_kernels import (
+from relayrl.engine.decoder import LeanDecoder
+from relayrl.kernels import cpu as cpu_kernels
+from relayrl.kernels.cpu import (
     DecodeAttention,
     DecodeStep,
     decode_attention_kernel,
     decode_step_kernel,
 )
-from relayrl.engine.decoder import LeanDecoder
 
 
 def _cpu_flags() -> set[str]:
@@ -64,7 +64,7 @@ def test_a_failed_build_leaves_torchs_attention(
     monkeypatch.setenv("RELAYRL_HOME", str(tmp_path))
     monkeypatch.setenv("CC", shutil.which("false") or "/bin/false")
     monkeypatch.setattr(cpu_kernels, "_loaded", {})
-    with caplog.at_level(logging.WARNING, logger="relayrl.engine.cpu_kernels"):
+    with caplog.at_level(logging.WARNING, logger="relayrl.kernels.cpu"):
         assert decode_attention_kernel() is None
     assert "torch's ops are used instead" in caplog.text
     assert not list((tmp_path / "kernels").glob("*.so"))  # no half-written library left

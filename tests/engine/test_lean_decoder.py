@@ -9,9 +9,10 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from relayrl.engine.cpu_kernels import decode_attention_kernel, decode_step_kernel
 from relayrl.engine.decoder import LeanDecoder
+from relayrl.engine.loading import describe_decode_path
 from relayrl.engine.local import LocalEngine
+from relayrl.kernels import decode_attention_kernel, decode_step_kernel
 from relayrl.types import GenerateOutput, GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -33,6 +34,23 @@ def requests(engine: LocalEngine, lengths: list[int]) -> list[GenerateRequest]:
         params = SamplingParams(max_new_tokens=n, temperature=0.8 * (i % 2), seed=i)
         reqs.append(GenerateRequest(ids, params))
     return reqs
+
+
+def engine_with(model_dir: str, dtype: str, max_context: int, *, lean: bool = True,
+                lean_prefill: bool = True, kernel: bool = True, fused: bool = True) -> LocalEngine:
+    """A CPU engine on one thread whose decode path is set here, not picked as fastest: through
+    `LeanDecoder` or the model's forward, with or without the compiled kernels."""
+    engine = LocalEngine(model_dir, device="cpu", dtype=dtype, max_context=max_context,
+                         num_threads=1)
+    # No request has reached the engine thread yet, so nothing has read these.
+    engine.lean = LeanDecoder.build(
+        engine.model, packed=engine.packed_linears > 0,
+        attention=decode_attention_kernel() if kernel else None,
+        step_kernel=decode_step_kernel(engine.dtype) if kernel and fused else None,
+    ) if lean else None
+    engine.lean_prefill = lean_prefill and engine.lean is not None
+    engine.decode_path = describe_decode_path(engine.lean)
+    return engine
 
 
 async def run(engine: LocalEngine, lengths: list[int]) -> list[GenerateOutput]:
@@ -59,12 +77,8 @@ async def test_lean_decode_gives_the_model_forwards_tokens_and_logprobs(
         pytest.skip("no decode-attention kernel on this machine (no C compiler or no AVX-512)")
     if fused and decode_step_kernel(torch.float32) is None:
         pytest.skip("no fp32 step kernel on this machine (no C compiler, OpenMP or AVX2 + FMA)")
-    lean = LocalEngine(
-        model_dir, device="cpu", dtype=dtype, max_context=256, num_threads=1,
-        lean_prefill=False, decode_kernel=kernel, fused_step=fused,
-    )
-    plain = LocalEngine(model_dir, device="cpu", dtype=dtype, max_context=256, num_threads=1,
-                        lean_decode=False)
+    lean = engine_with(model_dir, dtype, 256, lean_prefill=False, kernel=kernel, fused=fused)
+    plain = engine_with(model_dir, dtype, 256, lean=False)
     try:
         assert lean.lean is not None and plain.lean is None
         assert (lean.lean.step_kernel is not None) == fused
@@ -106,8 +120,7 @@ async def test_lean_decode_gives_the_model_forwards_tokens_and_logprobs(
 async def test_lean_prefill_gives_the_model_forwards_tokens_and_logprobs(model_dir: str) -> None:
     """fp32: the unpadded prefill equals the model's padded one, fresh and after reused columns."""
     lean = LocalEngine(model_dir, device="cpu", dtype="float32", max_context=512, num_threads=1)
-    plain = LocalEngine(model_dir, device="cpu", dtype="float32", max_context=512,
-                        num_threads=1, lean_decode=False)
+    plain = engine_with(model_dir, "float32", 512, lean=False)
     try:
         assert lean.lean_prefill and not plain.lean_prefill
         lengths = [20, 7, 13]

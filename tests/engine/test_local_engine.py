@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from relayrl.engine import load_engine, local
+from relayrl.engine import load_engine, onednn, slot_cache
 from relayrl.engine.local import LocalEngine
 from relayrl.errors import ContextLengthExceeded, EngineError, InvalidRequest
 from relayrl.types import FinishReason, GenerateOutput, GenerateRequest, SamplingParams
@@ -134,15 +134,15 @@ async def test_batch_limit_prefill_budget_and_cache_growth_keep_outputs_exact(
     # cache grows from 4 to 8 rows while others decode, and a 300-token prompt widens it past
     # its first 256 columns.
     growths: list[tuple[torch.Size, torch.Size]] = []
-    grow = local._SlotLayer.lazy_initialization
+    grow = slot_cache._SlotLayer.lazy_initialization
 
-    def spy(layer: local._SlotLayer, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def spy(layer: slot_cache._SlotLayer, keys: torch.Tensor, values: torch.Tensor) -> None:
         before = None if layer.keys is None else layer.keys.shape
         grow(layer, keys, values)
         if before is not None:
             growths.append((before, layer.keys.shape))
 
-    monkeypatch.setattr(local._SlotLayer, "lazy_initialization", spy)
+    monkeypatch.setattr(slot_cache._SlotLayer, "lazy_initialization", spy)
     small = load_engine(
         "local",
         model_dir,
@@ -424,7 +424,7 @@ def test_prepacked_bf16_linears_track_in_place_weight_changes_and_autograd() -> 
     plain = torch.nn.functional.linear
     # packed only where oneDNN's bf16 product gives the plain one's bits (AMX machines, not all
     # CPUs: this session's AMD EPYC has no AMX/AVX512-BF16); elsewhere the plain path stays
-    assert local._pack_linears(model) == (1 if local._packed_linear_matches() else 0)
+    assert onednn.pack_linears(model) == (1 if onednn.packed_linear_matches() else 0)
     with torch.no_grad():
         assert torch.equal(linear(x), plain(x, linear.weight, linear.bias))
         linear.weight.mul_(-2)  # an optimizer step or update_weights does this in place

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayrl.engine import cpu_kernels
-from relayrl.engine.cpu_kernels import TrainKernels, train_kernels
+from relayrl.kernels import TrainKernels, train_kernels
+from relayrl.kernels import cpu as cpu_kernels
 
 
 def _has_bf16_units() -> bool:

@@ -127,7 +127,7 @@ def test_capacity_follows_the_staleness_rule_and_429s_when_spent(model_dir: str)
         g.thread.stop()
 
 
-def test_seed_003_spellings_work(gw: Gateway) -> None:
+def test_the_rl_v1_spellings_work(gw: Gateway) -> None:
     with gw.admin() as c:
         s = c.post("/rl/v1/start_session", json={"task_id": "t"}).json()
     r = chat(gw, s["api_key"], [{"role": "user", "content": "x"}])

@@ -136,20 +136,6 @@ def test_kl_to_the_reference_starts_at_zero_and_grows_once_the_policy_moves(
     assert second["kl_loss"] > 0
 
 
-def test_a_reference_taken_from_the_moved_policy_starts_the_kl_at_zero_again(
-    tiny_llama_dir: str, tmp_path: Path,
-) -> None:
-    # what kl_reference=warm_start does after SFT: the policy as it is now becomes the reference
-    actor = Actor(tiny_llama_dir, TrainConfig(lr=1e-3, bf16=False, kl_coef=0.1))
-    batch, adv = signed_batch(actor)
-    actor.update(batch, adv)
-    assert actor.update(batch, adv)["ref_kl"] > 1e-4  # moved away from the loaded model
-    actor.set_reference(actor.save(tmp_path / "warm"))
-    assert actor.reference_path == str(tmp_path / "warm")
-    assert actor.update(batch, adv)["ref_kl"] == pytest.approx(0.0, abs=1e-6)
-    assert actor.update(batch, adv)["ref_kl"] > 1e-4
-
-
 def test_minibatches_share_the_proximal_logprobs_so_later_steps_see_ratios(
     tiny_llama_dir: str,
 ) -> None:

@@ -118,27 +118,6 @@ def test_compute_advantages_drops_uniform_groups_from_the_loss_mask() -> None:
     assert torch.equal(kept.adv_B_T[2:], torch.zeros(2, 4))
 
 
-def test_a_uniform_group_with_a_named_baseline_trains_against_it_and_is_not_dropped() -> None:
-    # g1 has a spread (its own mean); g2 failed twice against a record of 0.75; g3 is uniform
-    # with no baseline named (dropped as before); a baseline for g1 changes nothing
-    batch = batch_of([1.0, 0.0, 0.0, 0.0, 1.0, 1.0], list("abcdef"),
-                     ["g1", "g1", "g2", "g2", "g3", "g3"])
-    plain = compute_advantages(batch, TrainConfig())
-    out = compute_advantages(batch, TrainConfig(), {"g2": 0.75, "g1": 0.1})
-    assert torch.equal(out.adv_B_T[:2], plain.adv_B_T[:2])
-    assert torch.allclose(out.adv_B_T[2:4], T([[0, -0.75, -0.75, -0.75]] * 2))
-    assert torch.equal(out.batch.loss_mask_B_T[:4], batch.loss_mask_B_T[:4])
-    assert not out.batch.loss_mask_B_T[4:].any()
-    assert out.stats["baseline_row_frac"] == pytest.approx(2 / 6)
-    assert plain.stats["baseline_row_frac"] == 0.0
-
-
-def test_group_baselines_with_turn_advantages_are_refused() -> None:
-    batch = batch_of([1.0], ["a"], ["g"], spans=[[(1, 4)]], turn_rewards=[[1.0]])
-    with pytest.raises(InvalidRequest, match="advantage_source='group'"):
-        compute_advantages(batch, TrainConfig(advantage_source="turn"), {"g": 0.5})
-
-
 def test_compute_advantages_from_turns_writes_per_turn_values_on_their_spans() -> None:
     batch = batch_of([1.0, 0.0], ["a", "b"], ["g", "g"],
                      spans=[[(1, 2), (2, 4)], [(1, 4)]], turn_rewards=[[1.0, 0.5], [0.0]])

@@ -187,7 +187,7 @@ def test_bf16_attention_on_cpu_is_bf16_products_with_fp32_scores(unpadded, dim, 
                                                                   monkeypatch):
     # torch's CPU flash kernel does not use the bf16 units, and its bf16 backward queues for the
     # one glibc arena a training process keeps; explicit products do and allocate outside it.
-    # Our kernels (engine/csrc/train_kernels.c, where built: AVX512-BF16) or torch's ops; the
+    # Our kernels (kernels/csrc/train_kernels.c, where built: AVX512-BF16) or torch's ops; the
     # softmax gradient's kernel takes head dims that are multiples of 16.
     if not kernels:
         monkeypatch.setattr(attention, "train_kernels", lambda: None)

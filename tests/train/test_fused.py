@@ -21,7 +21,7 @@ from transformers.models.llama import modeling_llama
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm
 
-from relayrl.engine.cpu_kernels import TrainKernels, train_kernels
+from relayrl.kernels import TrainKernels, train_kernels
 from relayrl.train import fused
 from relayrl.train.actor import Actor
 from relayrl.train.checkpoint import copy_tokenizer_files
@@ -195,7 +195,7 @@ def test_rotary_hands_what_the_kernel_does_not_take_to_transformers(
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
         assert type(wrapped(*tensors, **kwargs)[0].grad_fn).__name__ != "_RotaryBackward"
     q, k, cos, sin = rotary_case(1, 9, 64, True, 1)
-    monkeypatch.setattr(fused, "ENABLED", False)
+    monkeypatch.setattr(fused, "train_kernels", lambda: None)
     assert type(wrapped(q, k, cos, sin)[0].grad_fn).__name__ != "_RotaryBackward"
 
 
@@ -210,7 +210,7 @@ def test_anything_the_kernels_do_not_take_runs_the_modules_own_forward(
     mlp, mlp_twin = mlp_pair(LlamaMLP, LlamaConfig, seed=0)
     mlp, mlp_twin = mlp.to(torch.bfloat16), mlp_twin.to(torch.bfloat16)
     x = torch.randn(3, 64).to(torch.bfloat16)
-    monkeypatch.setattr(fused, "ENABLED", False)
+    monkeypatch.setattr(fused, "train_kernels", lambda: None)
     assert torch.equal(mlp_twin(x), mlp(x))
 
 
@@ -254,7 +254,7 @@ def test_the_actors_bf16_copy_is_fused_and_its_update_matches_the_unfused_one(
     assert getattr(modeling_llama.apply_rotary_pos_emb, "relayrl_fused", False)
     batch = random_batch([30, 21, 12], vocab=actor.model.config.vocab_size, seed=4)
     with_kernels = step_gradient(tiny_llama_dir, config, batch)
-    monkeypatch.setattr(fused, "ENABLED", False)
+    monkeypatch.setattr(fused, "train_kernels", lambda: None)
     without = step_gradient(tiny_llama_dir, config, batch)
     # the same step but for bf16 roundings (measured 0.07% apart)
     assert rel(with_kernels, without) < 0.01

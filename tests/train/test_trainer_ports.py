@@ -408,25 +408,6 @@ class KindWorkflow(RolloutWorkflow):
         return {row.interaction_ids[-1]: row}
 
 
-@pytest.mark.slow
-def test_uniform_groups_train_against_their_kinds_running_mean_through_the_trainer(
-        tmp_path: Path, tiny_llama_dir: str) -> None:
-    # GRPO alone would skip every batch here; with a record per kind (window 2) the second
-    # group on (reward 0 after 1, 1 after 0) trains with advantage -1 or +1
-    cfg = _tiny_run(tmp_path, tiny_llama_dir, "b", total_steps=2, shuffle=False,
-                    baseline_by="kind", baseline_window=2, max_staleness=0, epochs=3)
-    services = InProcessServices()
-    data = [{"kind": "x", "reward": 1.0}, {"kind": "x", "reward": 0.0}]
-    result = PPOTrainer(cfg, data, launcher=_handing(services)).train(KindWorkflow())
-    assert result.steps == 2
-    steps = [json.loads(line) for line in (cfg.log_dir / "metrics.jsonl").read_text().splitlines()]
-    trained = [m for m in steps if m.get("n_tokens", 0) > 0]
-    assert len(trained) == 2
-    assert all(m["baseline_row_frac"] == 1.0 and m["adv_abs_mean"] == pytest.approx(1.0)
-               for m in trained)
-    assert trained[-1]["baseline_groups"] == 2
-
-
 def test_an_sft_replay_without_warm_up_traces_is_refused_before_the_run_starts(
         tmp_path: Path, tiny_llama_dir: str) -> None:
     cfg = _tiny_run(tmp_path, tiny_llama_dir, "r", train={"sft_replay_coef": 0.5})

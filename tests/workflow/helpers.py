@@ -13,7 +13,7 @@ from relayrl.workflow import workflow_context as wc
 
 def make_td(rows: int, seqlen: int, reward: float = 1.0, prompt_len: int = 2,
             version: int = 0, first_token: int = 1) -> dict[str, torch.Tensor]:
-    """A valid seed-004 tensor dict: `prompt_len` prompt tokens, the rest sampled at `version`."""
+    """A valid tensor dict: `prompt_len` prompt tokens, the rest sampled at `version`."""
     ids = torch.arange(first_token, first_token + seqlen, dtype=torch.int32).repeat(rows, 1)
     loss = torch.zeros(rows, seqlen, dtype=torch.int32)
     loss[:, prompt_len:] = 1

@@ -1,4 +1,5 @@
-"""Grouped episodes: seed 004's merge rules, per-row episode/group ids, isolated contexts."""
+"""Grouped episodes: the merge rules of tensor dicts and rows, per-row episode/group ids, isolated
+contexts."""
 
 from __future__ import annotations
 

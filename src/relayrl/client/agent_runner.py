@@ -119,7 +119,7 @@ class AgentRunner:
 
 async def _call(fn: Callable[[Any], Any], item: Any) -> Any:
     if inspect.iscoroutinefunction(fn):
-        return await fn(item)  # bound `async def run` methods (the seed's MyAgent().run) too
+        return await fn(item)  # bound `async def run` methods (an agent's MyAgent().run) too
     # a synchronous agent runs in a thread that copies this context, so its calls land in the
     # session too, and it does not stall the other episodes (an object whose __call__ is async
     # hands back a coroutine, awaited here)

@@ -12,12 +12,12 @@ most of the step. This step reads the same weights and the same cache but:
   arithmetic as transformers' `apply_rotary_pos_emb`, so the same bits);
 - writes each layer's new key/value straight into the cache rows and attends with one call per
   layer over the key/value heads (GQA packed as transformers does for one query token): the
-  compiled CPU kernel of `cpu_kernels` where it is built, else `scaled_dot_product_attention`,
+  compiled CPU kernel of `relayrl.kernels` where it is built, else `scaled_dot_product_attention`,
   with no mask when every row sees every column;
 - keeps transformers' numerics where they matter (RMSNorm in fp32, residuals in the model dtype),
   so logprobs still match a fresh forward pass.
 
-Where the compiled whole-step kernel builds (`cpu_kernels.decode_step_kernel`: a C compiler and
+Where the compiled whole-step kernel builds (`relayrl.kernels.decode_step_kernel`: a C compiler and
 AVX512-BF16) and the model is bf16 without biases, `step` is one call into it instead: the same
 operations in the same order with the same bf16 roundings, its products on weights kept in the
 kernel's packed layout (`DecodeStep.pack`, remade with the fused copies). Its sums run in another
@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from relayrl.engine.cpu_kernels import DecodeAttention, DecodeStep, StepLayer
+from relayrl.kernels.cpu import DecodeAttention, DecodeStep, StepLayer
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 """Architectures whose decoder layer is exactly: RMSNorm, rotary GQA attention, RMSNorm, SwiGLU."""

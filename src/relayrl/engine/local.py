@@ -6,13 +6,12 @@ time, left-padded) straight into the batch's KV cache, then runs one decode step
 sequence and hands each sampled token to its caller's event loop. Torch releases the GIL inside
 its kernels, so the event loop keeps serving while the thread computes.
 
-KV cache: `SlotKVCache` keeps one row per running sequence, each row holding its tokens from
-column 0 ("right-padded"), with a 4D boolean mask and per-row position ids. A joining sequence
-is written into a free row and a finished one leaves by moving the last row into its place, so
-nothing is ever shifted or concatenated per step (transformers' DynamicCache concatenates every
-layer's cache at every step: at batch 32 that cost as much as the attention, and it grows). The
-tradeoff: memory is rows × longest live sequence, not the sum of lengths (paged attention would
-fix that; it is not worth its complexity at CPU batch sizes).
+The parts live beside it: the batch's KV cache (`relayrl.engine.slot_cache`: one row per
+running sequence, nothing shifted or concatenated per step), a request's state and the hand-off
+of its tokens to the caller's loop (`relayrl.engine.sequence`), the prefix cache
+(`relayrl.engine.prefix_cache`), the oneDNN patch (`relayrl.engine.onednn`) and the set-up
+helpers (`relayrl.engine.loading`). This module is the engine thread's loop: admission, prefill
+(fresh or after reused columns), decode, retirement.
 
 Prefix reuse: a finished sequence's KV row is kept in a `PrefixCache` (512 MB by default), and a
 prompt that starts with a kept sequence's tokens (an agent's next turn, another episode's system
@@ -25,24 +24,22 @@ it is prefilled, and the others wait a pass to reuse it (`_admit`).
 In fp32 the tokens and logprobs equal a full prefill's to 1e-5; in bf16 they differ by rounding,
 as a full prefill's do with another batch composition.
 
-With bf16 on CPU every `nn.Linear` also gets a prepacked oneDNN weight (`_pack_linears`): the
-same bits, ~1.8x faster products at decode batch sizes.
+With bf16 on CPU every `nn.Linear` also gets a prepacked oneDNN weight (`pack_linears`): the
+same bits, faster products at decode batch sizes.
 
 Decode steps of Llama-family models (Llama, Qwen2, Mistral) skip the model's forward: `LeanDecoder`
 (`relayrl.engine.decoder`) runs the same arithmetic on the same weights and cache rows with fewer,
-fused ops (same bits, 1.2-1.3x the tokens/s; `lean_decode=False` turns it off), and so does
-their prefill (`LeanDecoder.prefill`: products on the prompts' tokens without padding; fp32
-logprobs equal the model's padded prefill to 1e-5; `lean_prefill=False` keeps the model's). Other
-architectures run the model. Keys and values of a layer are the two halves of one
-buffer (`_SlotLayer.both`), so a decode step stores both with one copy.
+fused ops (same bits, more tokens/s: benchmarks/RESULTS.md), and so does their prefill
+(`LeanDecoder.prefill`: products on the prompts' tokens without padding; fp32 logprobs equal the
+model's padded prefill to 1e-5). Other architectures run the model. On CPU the decode step
+attends with relayrl's compiled kernel, or runs as one compiled call for bias-free models
+(`relayrl.kernels`), wherever those build; elsewhere it runs op by op in torch.
 
-Measured on the 2-core Xeon (AMX-bf16) with SmolLM2-135M, one decode step of the HF model:
-fp32 29/55/88 ms and bf16 31/36/57 ms at batch 1/8/32; on a 2-core EPYC with AVX512-BF16 and no
-AMX the whole engine ran 1.9-2.5x faster in bf16. So `dtype="auto"` picks bf16 where the CPU
-computes bf16 natively (`relayrl.models.cpu_has_bf16_units`) or on a CUDA GPU with bf16, and
-fp32 elsewhere. transformers' own continuous
-batching (`generate_batch`, paged cache) runs on CPU but reached only 94-138 tok/s (bf16) on
-32 × 128 tokens, below even a static `generate` batch; this loop does ~330 (benchmarks/RESULTS.md).
+bf16 decodes faster than fp32 where the CPU computes bf16 natively (AMX or AVX512-BF16) and
+slower where it emulates it, so `dtype="auto"` picks bf16 there
+(`relayrl.models.cpu_has_bf16_units`) or on a CUDA GPU with bf16, and fp32 elsewhere.
+transformers' own continuous batching (`generate_batch`, paged cache) runs on CPU but slower
+than even a static `generate` batch; this loop is several times faster (benchmarks/RESULTS.md).
 
 Logprobs: `log_softmax(logits / T)` of the sampled token (T = 1 for greedy), computed in fp32
 from the logits, before top-p/top-k truncation (see `relayrl.engine.sampling`). With a bf16 model
@@ -50,12 +47,12 @@ the logits themselves come from bf16 weights; run `dtype="float32"` where logpro
 fp32 forward pass to 1e-4.
 
 Threads: when the engine's OpenMP threads fill every core, any other busy process (a trainer,
-the event loop, an agent's tool) makes torch's per-op barriers wait for a descheduled thread.
-Measured with benchmarks/bench_contention.py (2 cores, 8 concurrent, one competing busy process):
-2 threads went from ~120 ms a decode step alone to 500-900 ms (4-8x; OMP_WAIT_POLICY=PASSIVE
-1.5-2x), while 1 thread went from ~140 ms to ~140-160 ms. So by default the engine leaves one
-core to the rest of the process and the machine (`default_num_threads`), as vLLM's CPU backend
-reserves a core for its front end; pass `num_threads` to use every core on a dedicated machine.
+the event loop, an agent's tool) makes torch's per-op barriers wait for a descheduled thread:
+with one competing busy process a decode step on every core slows several-fold, on one core
+less leaves it nearly as it was (benchmarks/bench_contention.py; benchmarks/RESULTS.md). So by
+default the engine leaves one core to the rest of the process and the machine
+(`default_num_threads`), as vLLM's CPU backend reserves a core for its front end; pass
+`num_threads` to use every core on a dedicated machine.
 
 The engine stops a request only at its own `stop_token_ids` / `stop` strings, `max_new_tokens`
 or the context length: it adds no end-of-sequence id by itself (the renderer supplies those).
@@ -73,307 +70,46 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.cache_utils import Cache, CacheLayerMixin
 
 from relayrl.engine.base import validate_request
-from relayrl.engine.cpu_kernels import decode_attention_kernel, decode_step_kernel
 from relayrl.engine.decoder import LeanDecoder
-from relayrl.engine.prefix_cache import BLOCK, PrefixCache, PrefixEntry, PrefixStats, block_hashes
+from relayrl.engine.loading import (
+    default_num_threads,
+    describe_decode_path,
+    model_context_length,
+    pick_dtype,
+    read_checkpoint,
+)
+from relayrl.engine.onednn import pack_linears
+from relayrl.engine.prefix_cache import BLOCK, PrefixCache, PrefixEntry, PrefixStats
 from relayrl.engine.sampling import RowParams, sample
+from relayrl.engine.sequence import (
+    SequenceState,
+    emit_all,
+    emitter,
+    join_chunks,
+    longest_owner,
+    prompt_blocks,
+)
+from relayrl.engine.slot_cache import SlotKVCache
 from relayrl.engine.stops import StopStringMatcher
 from relayrl.errors import EngineError, InvalidRequest, ModelError
-from relayrl.models import cache_kwarg, cpu_has_bf16_units
+from relayrl.kernels import decode_attention_kernel, decode_step_kernel
+from relayrl.models import cache_kwarg
 from relayrl.types import (
     FinishReason,
     GenerateOutput,
     GenerateRequest,
-    Timings,
     TokenChunk,
     TopLogprob,
 )
 
 log = logging.getLogger(__name__)
-
-_MIN_COLUMNS = 256
-"""Smallest KV-cache width allocated; it doubles as sequences grow."""
-
-
-@dataclass
-class _Plan:
-    """What the current forward pass writes into the cache (shared by all layers)."""
-
-    rows_cap: int = 0
-    cols_cap: int = 0
-    past: int = 0
-    """Columns visible before this pass (decode) or 0 (prefill)."""
-    visible: int = 0
-    """Columns attention reads in this pass (decode)."""
-    write_cols_B: torch.Tensor | None = None
-    """Decode: the column each row writes its new token to."""
-    rows_B: torch.Tensor | None = None
-    placements: list[tuple[int, int, int]] = field(default_factory=list)
-    """Prefill: (cache row, left padding, prompt length) per input row."""
-    extend: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int] | None = None
-    """Prefill after reused columns: (cache rows, cache columns, input rows, input columns) of
-    every new token, then the first cache row and the number of rows."""
-
-
-class _SlotLayer(CacheLayerMixin):
-    """One layer's keys/values: row r holds its sequence's tokens in columns [0, length_r)."""
-
-    is_sliding = False
-
-    def __init__(self, plan: _Plan) -> None:
-        super().__init__()
-        self._plan = plan
-        self.both: torch.Tensor | None = None
-        """[rows, 2 * kv_heads, columns, head_dim]: `keys` and `values` are its two halves."""
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Allocate (or grow) the buffers to the plan's capacity, keeping what they hold."""
-        _, heads, _, dim = key_states.shape
-        # Keys and values are two halves of one buffer, so a decode step writes both in one copy.
-        shape = (self._plan.rows_cap, 2 * heads, self._plan.cols_cap, dim)
-        old_k, old_v = self.keys, self.values
-        self.both = key_states.new_zeros(shape)
-        self.keys, self.values = self.both[:, :heads], self.both[:, heads:]
-        if old_k is not None and old_v is not None:
-            r, c = old_k.shape[0], old_k.shape[2]
-            self.keys[:r, :, :c] = old_k
-            self.values[:r, :, :c] = old_v
-        self.is_initialized = True
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store this pass's keys/values; return what attention should read."""
-        plan = self._plan
-        if (
-            self.keys is None
-            or self.keys.shape[0] < plan.rows_cap
-            or self.keys.shape[2] < plan.cols_cap
-        ):
-            self.lazy_initialization(key_states, value_states)
-        assert self.keys is not None and self.values is not None
-        if plan.extend is not None:
-            rows_P, cols_P, in_rows_P, in_cols_P, first, n = plan.extend
-            self.keys[rows_P, :, cols_P] = key_states[in_rows_P, :, in_cols_P]
-            self.values[rows_P, :, cols_P] = value_states[in_rows_P, :, in_cols_P]
-            return (self.keys[first : first + n, :, : plan.visible],
-                    self.values[first : first + n, :, : plan.visible])
-        if plan.write_cols_B is None:
-            self._store_prefill(key_states, value_states)
-            # Prefill attends within its own (left-padded) block: nothing older is involved.
-            return key_states, value_states
-        self.keys[plan.rows_B, :, plan.write_cols_B] = key_states[:, :, 0]
-        self.values[plan.rows_B, :, plan.write_cols_B] = value_states[:, :, 0]
-        batch = key_states.shape[0]
-        return self.keys[:batch, :, : plan.visible], self.values[:batch, :, : plan.visible]
-
-    def _store_prefill(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        assert self.keys is not None and self.values is not None
-        placements = self._plan.placements
-        first, _, length = placements[0]
-        if all(p[1] == 0 and p[0] == first + i for i, p in enumerate(placements)):
-            # No padding and consecutive rows: one copy for the whole block.
-            self.keys[first : first + len(placements), :, :length] = key_states
-            self.values[first : first + len(placements), :, :length] = value_states
-            return
-        for i, (row, pad, length) in enumerate(placements):
-            self.keys[row, :, :length] = key_states[i, :, pad:]
-            self.values[row, :, :length] = value_states[i, :, pad:]
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """Length and offset of the keys a pass of `query_length` tokens attends to."""
-        return self._plan.past + query_length, 0
-
-    def get_seq_length(self) -> int:
-        """Columns cached before this pass."""
-        return self._plan.past
-
-    def get_max_length(self) -> int:
-        """No fixed maximum: the buffers grow."""
-        return -1
-
-    def move_row(self, src: int, dst: int, length: int) -> None:
-        """Copy row `src`'s first `length` columns into row `dst`."""
-        if self.keys is not None and self.values is not None:
-            self.keys[dst, :, :length] = self.keys[src, :, :length]
-            self.values[dst, :, :length] = self.values[src, :, :length]
-
-
-class SlotKVCache(Cache):
-    """KV cache with one row per running sequence; see the module docstring."""
-
-    def __init__(self, num_layers: int, max_rows: int, max_columns: int) -> None:
-        self._plan = _Plan()
-        self._slots = [_SlotLayer(self._plan) for _ in range(num_layers)]
-        super().__init__(layers=list(self._slots))
-        self._max_rows = max_rows
-        self._max_columns = max_columns
-
-    def reserve(self, rows: int, columns: int) -> None:
-        """Make room for `rows` sequences of `columns` tokens (grows by doubling)."""
-        plan = self._plan
-        if rows > plan.rows_cap:
-            plan.rows_cap = min(self._max_rows, max(rows, 2 * plan.rows_cap, 4))
-        if columns > plan.cols_cap:
-            plan.cols_cap = min(self._max_columns, max(columns, 2 * plan.cols_cap, _MIN_COLUMNS))
-
-    def plan_prefill(self, placements: list[tuple[int, int, int]]) -> None:
-        """Next pass is a prefill; input row i goes to cache row placements[i][0]."""
-        self._plan.placements = placements
-        self._plan.write_cols_B = None
-        self._plan.extend = None
-        self._plan.past = 0
-
-    def plan_extend(self, first: int, starts: list[int], lengths: list[int], width: int) -> None:
-        """Next pass prefills, into rows first.., `lengths[i]` tokens (left-padded to `width`)
-        after the `starts[i]` columns each row already holds; attention reads all of them."""
-        rows, cols, in_rows, in_cols = [], [], [], []
-        for i, (start, length) in enumerate(zip(starts, lengths, strict=True)):
-            pad = width - length
-            rows += [first + i] * length
-            cols += range(start, start + length)
-            in_rows += [i] * length
-            in_cols += range(pad, width)
-        plan = self._plan
-        plan.extend = (torch.tensor(rows), torch.tensor(cols), torch.tensor(in_rows),
-                       torch.tensor(in_cols), first, len(starts))
-        plan.write_cols_B = None
-        plan.visible = max(s + n for s, n in zip(starts, lengths, strict=True))
-        plan.past = plan.visible - width
-
-    def load_row(self, row: int, kv: torch.Tensor, columns: int) -> None:
-        """Copy the first `columns` of stored KV ([layers, 2 * kv_heads, tokens, head_dim]) into
-        cache row `row`, growing the buffers to the plan first."""
-        for i, layer in enumerate(self._slots):
-            heads = kv.shape[1] // 2
-            like = kv[i, :heads, :1].unsqueeze(0)
-            if (layer.keys is None or layer.keys.shape[0] < self._plan.rows_cap
-                    or layer.keys.shape[2] < self._plan.cols_cap):
-                layer.lazy_initialization(like, like)
-            assert layer.both is not None
-            layer.both[row, :, :columns] = kv[i, :, :columns]
-
-    def save_row(self, row: int, columns: int) -> torch.Tensor:
-        """A copy of row `row`'s first `columns` of KV, as `load_row` takes it."""
-        return torch.stack([layer.both[row, :, :columns] for layer in self._slots  # type: ignore[index]
-                            ])
-
-    def plan_decode(self, write_cols_B: torch.Tensor, visible: int) -> None:
-        """Next pass decodes one token per row, written at `write_cols_B`."""
-        plan = self._plan
-        plan.write_cols_B = write_cols_B
-        plan.extend = None
-        if plan.rows_B is None or plan.rows_B.shape[0] != write_cols_B.shape[0]:
-            plan.rows_B = torch.arange(write_cols_B.shape[0], device=write_cols_B.device)
-        plan.visible = visible
-        plan.past = visible - 1
-
-    def move_row(self, src: int, dst: int, length: int) -> None:
-        """Copy one sequence's cache from row `src` to row `dst`."""
-        for layer in self._slots:
-            layer.move_row(src, dst, length)
-
-    def buffers(self, like: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """Every layer's key+value buffer (see `_SlotLayer.both`), grown to the plan first.
-
-        `like` ([1, kv_heads, 1, head_dim], the cache's dtype) allocates buffers not made yet.
-        """
-        plan = self._plan
-        for layer in self._slots:
-            if layer.keys is None and like is not None:
-                layer.lazy_initialization(like, like)
-            assert layer.keys is not None and layer.values is not None  # a prefill made them
-            if layer.keys.shape[0] < plan.rows_cap or layer.keys.shape[2] < plan.cols_cap:
-                layer.lazy_initialization(layer.keys, layer.values)
-        return [x.both for x in self._slots]  # type: ignore[misc]
-
-    def clear(self) -> None:
-        """Free every buffer (the batch is empty)."""
-        for layer in self._slots:
-            layer.keys = layer.values = layer.both = None
-            layer.is_initialized = False
-        self._plan.rows_cap = self._plan.cols_cap = 0
-
-
-@dataclass(eq=False)
-class _Sequence:
-    """One request while the engine serves it."""
-
-    prompt: list[int]
-    row: RowParams
-    max_tokens: int
-    stop_ids: frozenset[int]
-    matcher: StopStringMatcher | None
-    submitted: float
-    emit: Callable[[TokenChunk | BaseException], None] = lambda item: None
-    """Hands an item to the caller's event loop (set once that loop is known)."""
-    loop: asyncio.AbstractEventLoop | None = None
-    queue: asyncio.Queue[TokenChunk | BaseException] | None = None
-    """The caller's loop and queue, for handing over a whole step's tokens at once."""
-    output: list[int] = field(default_factory=list)
-    cached: int = 0
-    """KV columns filled (prompt + all sampled tokens but the last)."""
-    last: int = 0
-    started: float | None = None
-    first_token: float | None = None
-    done: bool = False
-    aborted: bool = False
-    """Set by the caller's side when it stops listening."""
-    epoch: int = -1
-    """The engine's weight epoch when this sequence's KV was first computed."""
-    reuse: tuple[PrefixEntry | None, int, int] | None = None
-    """While waiting: the prefix cache's match (entry, tokens) and the epoch it was found in."""
-    blocks: list[int] | None = None
-    """Chain hashes of the prompt's full blocks (`prefix_cache.block_hashes`), once computed."""
-
-    def finish_after(self, token: int) -> tuple[FinishReason | None, str | None]:
-        """Whether the token just appended ends the request, and by which stop string."""
-        if token in self.stop_ids:
-            return FinishReason.STOP, None
-        if self.matcher is not None and (hit := self.matcher.match(self.output)) is not None:
-            return FinishReason.STOP, hit
-        if len(self.output) >= self.max_tokens:
-            return FinishReason.LENGTH, None
-        return None, None
-
-    def timings(self, now: float) -> Timings:
-        """Timings measured from submission."""
-        return Timings(
-            queued_s=(self.started or now) - self.submitted,
-            first_token_s=(self.first_token or now) - self.submitted,
-            total_s=now - self.submitted,
-        )
-
-
-def _prompt_blocks(seq: _Sequence) -> list[int]:
-    """The chain hashes of the full blocks of `seq`'s prompt (computed once per request)."""
-    if seq.blocks is None:
-        seq.blocks = block_hashes(seq.prompt)
-    return seq.blocks
-
-
-def _longest_owner(seq: _Sequence, owners: Mapping[int, _Sequence]) -> tuple[_Sequence | None, int]:
-    """The picked request sharing the most whole blocks with `seq`'s prompt, and how many tokens.
-
-    Only blocks before the prompt's last token count: a cache match always leaves that one out.
-    """
-    owner: _Sequence | None = None
-    blocks = 0
-    for b, h in enumerate(_prompt_blocks(seq)[: (len(seq.prompt) - 1) // BLOCK]):
-        found = owners.get(h)
-        if found is None:
-            break
-        owner, blocks = found, b + 1
-    return owner, blocks * BLOCK
 
 
 _LIVE_ENGINES: weakref.WeakSet[LocalEngine] = weakref.WeakSet()
@@ -406,15 +142,6 @@ class LocalEngine:
         max_context: caps the model's context length (prompt + output).
         max_prefill_tokens: padded prompt tokens prefilled together between two decode steps.
         num_threads: torch threads of the engine thread only (None: `default_num_threads()`).
-        lean_decode: decode Llama-family models through `LeanDecoder` (False: through the model's
-            own forward, kept for comparison and for architectures it does not cover).
-        lean_prefill: prefill through `LeanDecoder` too, where it decodes (False: through the
-            model's forward, padded; kept for comparison).
-        decode_kernel: on CPU, attend at decode with relayrl's compiled kernel
-            (`relayrl.engine.cpu_kernels`) instead of torch's SDPA, where it builds here.
-        fused_step: with `decode_kernel`, run each decode step of a bias-free model as one
-            compiled call where it builds (`csrc/decode_step.c` for bf16 on AVX512-BF16,
-            `csrc/decode_step_f32.c` for fp32 on AVX2 + FMA; False: op by op in torch).
         prefix_cache_mb: memory for the KV of finished sequences, reused by later prompts that
             start with the same tokens (`relayrl.engine.prefix_cache`); 0 turns reuse off.
     """
@@ -430,16 +157,12 @@ class LocalEngine:
         max_context: int | None = None,
         max_prefill_tokens: int = 4096,
         num_threads: int | None = None,
-        lean_decode: bool = True,
-        lean_prefill: bool = True,
-        decode_kernel: bool = True,
-        fused_step: bool = True,
         prefix_cache_mb: int = 512,
     ) -> None:
         if max_batch_size <= 0:
             raise InvalidRequest(f"max_batch_size must be > 0, got {max_batch_size}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = _pick_dtype(dtype, self.device)
+        self.dtype = pick_dtype(dtype, self.device)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(model_path)
             self.model = AutoModelForCausalLM.from_pretrained(
@@ -448,25 +171,21 @@ class LocalEngine:
         except (OSError, ValueError) as e:
             raise ModelError(f"cannot load a causal LM from {model_path!r}: {e}") from e
         self.model.to(self.device).eval()
-        self.packed_linears = _pack_linears(self.model)
-        use_kernel = lean_decode and decode_kernel and self.device.type == "cpu"
-        kernel = decode_attention_kernel() if use_kernel else None
-        step_kernel = decode_step_kernel(self.dtype) if use_kernel and fused_step else None
+        self.packed_linears = pack_linears(self.model)
+        on_cpu = self.device.type == "cpu"
+        kernel = decode_attention_kernel() if on_cpu else None
+        step_kernel = decode_step_kernel(self.dtype) if on_cpu else None
         # None for architectures it does not reproduce: those decode through the model's forward.
-        self.lean = (
-            LeanDecoder.build(self.model, packed=self.packed_linears > 0, attention=kernel,
-                              step_kernel=step_kernel)
-            if lean_decode
-            else None
-        )
-        self.lean_prefill = lean_prefill and self.lean is not None
-        self.decode_path = _decode_path(self.lean)
+        self.lean = LeanDecoder.build(self.model, packed=self.packed_linears > 0,
+                                      attention=kernel, step_kernel=step_kernel)
+        self.lean_prefill = self.lean is not None
+        self.decode_path = describe_decode_path(self.lean)
         """How a decode step runs here, in words (logged once: kernels build only where they can)."""
         log.info("LocalEngine: %s on %s, decode %s", str(self.dtype).removeprefix("torch."),
                  self.device, self.decode_path)
         config = self.model.config
         self._vocab_size = int(config.vocab_size)
-        self._context_length = _context_length(config, max_context)
+        self._context_length = model_context_length(config, max_context)
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
         self.num_threads = num_threads if num_threads is not None else default_num_threads()
@@ -486,12 +205,12 @@ class LocalEngine:
         self._columns = torch.arange(self._context_length, device=self.device)
         # State shared with callers, guarded by `_wakeup`.
         self._wakeup = threading.Condition()
-        self._inbox: collections.deque[_Sequence] = collections.deque()
+        self._inbox: collections.deque[SequenceState] = collections.deque()
         self._updates: collections.deque[_WeightUpdate] = collections.deque()
         self._closing = False
         # State owned by the engine thread.
-        self._waiting: collections.deque[_Sequence] = collections.deque()
-        self._rows: list[_Sequence] = []
+        self._waiting: collections.deque[SequenceState] = collections.deque()
+        self._rows: list[SequenceState] = []
         self._thread = threading.Thread(
             target=self._serve, name="relayrl-local-engine", daemon=True
         )
@@ -544,7 +263,7 @@ class LocalEngine:
     ) -> int:
         """Load new weights (a state dict or a checkpoint directory) between decode steps."""
         if isinstance(weights, str | os.PathLike):
-            state = await asyncio.to_thread(_read_checkpoint, str(weights))
+            state = await asyncio.to_thread(read_checkpoint, str(weights))
         else:
             state = {k: torch.as_tensor(v) for k, v in weights.items()}
         self._check_state(state)
@@ -586,7 +305,7 @@ class LocalEngine:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
         seq = self._new_sequence(request)
-        seq.emit = _emitter(loop, queue, seq)
+        seq.emit = emitter(loop, queue, seq)
         seq.loop, seq.queue = loop, queue
         with self._wakeup:
             if self._closing:
@@ -600,7 +319,7 @@ class LocalEngine:
                 items = [await queue.get()]
                 while not queue.empty():
                     items.append(queue.get_nowait())
-                chunk = _join(items)
+                chunk = join_chunks(items)
                 finished = chunk.finish_reason is not None
                 yield chunk
                 if finished:
@@ -611,7 +330,7 @@ class LocalEngine:
                 with self._wakeup:
                     self._wakeup.notify()
 
-    def _new_sequence(self, request: GenerateRequest) -> _Sequence:
+    def _new_sequence(self, request: GenerateRequest) -> SequenceState:
         p = request.params
         prompt = list(request.prompt_ids)
         generator = torch.Generator().manual_seed(p.seed) if p.seed is not None else None
@@ -620,7 +339,7 @@ class LocalEngine:
             matcher = StopStringMatcher(
                 p.stop, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)
             )
-        return _Sequence(
+        return SequenceState(
             prompt=prompt,
             row=RowParams(p.temperature, p.top_p, p.top_k, p.top_logprobs, generator),
             # The context bounds the output too: finish "length" at its end.
@@ -700,23 +419,23 @@ class LocalEngine:
         least a block more with a prompt picked in this pass than with the cache waits for the
         next pass, when that prompt is in the cache.
         """
-        fresh: list[_Sequence] = []
-        reused: list[_Sequence] = []
+        fresh: list[SequenceState] = []
+        reused: list[SequenceState] = []
         fresh_width = reused_width = 0
         room = self.max_batch_size - len(self._rows)
         # Requests that arrive together often share a prompt prefix that is not cached yet (a
         # GRPO group's episodes, every episode's system prompt after a weight update cleared
         # the cache). One of them prefills it; the others wait one pass and then reuse it.
-        owners: dict[int, _Sequence] = {}  # chain hash of a picked prompt's block -> that request
-        wanted: list[_Sequence] = []  # picked requests whose prompts deferred ones will reuse
-        deferred: list[_Sequence] = []
+        owners: dict[int, SequenceState] = {}  # chain hash of a picked prompt's block -> that request
+        wanted: list[SequenceState] = []  # picked requests whose prompts deferred ones will reuse
+        deferred: list[SequenceState] = []
         while self._waiting and len(fresh) + len(reused) < room:
             seq = self._waiting[0]
             if seq.aborted:
                 self._waiting.popleft()
                 continue
             if owners:
-                owner, shared = _longest_owner(seq, owners)
+                owner, shared = longest_owner(seq, owners)
                 if owner is not None and shared >= self._reusable(seq) + BLOCK:
                     self._waiting.popleft()
                     seq.reuse = None  # an earlier pass's match would miss the owner's prompt
@@ -740,7 +459,7 @@ class LocalEngine:
                 reused.append(seq)
                 reused_width = max(reused_width, work)
             if self._prefixes is not None:
-                for h in _prompt_blocks(seq):
+                for h in prompt_blocks(seq):
                     owners.setdefault(h, seq)
         self._waiting.extendleft(reversed(deferred))
         if fresh:
@@ -750,7 +469,7 @@ class LocalEngine:
         if wanted:
             self._store_prompts(wanted)
 
-    def _store_prompts(self, seqs: list[_Sequence]) -> None:
+    def _store_prompts(self, seqs: list[SequenceState]) -> None:
         """Keep the just-prefilled prompts of `seqs` in the prefix cache (for deferred requests)."""
         assert self._prefixes is not None
         rows = {id(s): i for i, s in enumerate(self._rows)}
@@ -760,7 +479,7 @@ class LocalEngine:
             if i is not None and s.epoch == self._epoch and len(s.prompt) >= BLOCK:
                 self._prefixes.store(s.prompt, self._cache.save_row(i, len(s.prompt)))
 
-    def _match(self, seq: _Sequence) -> tuple[PrefixEntry | None, int]:
+    def _match(self, seq: SequenceState) -> tuple[PrefixEntry | None, int]:
         """The prefix cache's match for `seq`'s prompt, looked up once per weight epoch."""
         if self._prefixes is None:
             return None, 0
@@ -769,14 +488,14 @@ class LocalEngine:
             seq.reuse = (entry, n, self._epoch)
         return seq.reuse[0], seq.reuse[1]
 
-    def _reusable(self, seq: _Sequence) -> int:
+    def _reusable(self, seq: SequenceState) -> int:
         """Prompt tokens of `seq` the prefix cache holds now (not counted as a lookup)."""
         assert self._prefixes is not None
         if seq.reuse is not None and seq.reuse[2] == self._epoch:
             return seq.reuse[1]
         return self._prefixes.peek(seq.prompt)[1]
 
-    def _prefill_reused(self, seqs: list[_Sequence], width: int) -> None:
+    def _prefill_reused(self, seqs: list[SequenceState], width: int) -> None:
         """Copy each sequence's cached prefix into its row, then prefill the rest of its prompt."""
         first = len(self._rows)
         starts = [s.reuse[1] for s in seqs]  # type: ignore[index]
@@ -822,7 +541,7 @@ class LocalEngine:
         self._advance(seqs, out.logits[:, -1])
         self._retire()
 
-    def _prefill(self, seqs: list[_Sequence], width: int) -> None:
+    def _prefill(self, seqs: list[SequenceState], width: int) -> None:
         first = len(self._rows)
         if self.lean_prefill:
             self._cache.reserve(first + len(seqs), width + 1)
@@ -858,7 +577,7 @@ class LocalEngine:
         self._advance(seqs, out.logits[:, -1])
         self._retire()
 
-    def _prefill_lean(self, seqs: list[_Sequence], starts: list[int]) -> None:
+    def _prefill_lean(self, seqs: list[SequenceState], starts: list[int]) -> None:
         """Prefill through `LeanDecoder` into the next rows (room reserved, reused columns loaded)."""
         assert self.lean is not None
         first = len(self._rows)
@@ -910,12 +629,12 @@ class LocalEngine:
         self._advance(rows, logits_B_V)
         self._retire()
 
-    def _advance(self, seqs: list[_Sequence], logits_B_V: torch.Tensor) -> None:
+    def _advance(self, seqs: list[SequenceState], logits_B_V: torch.Tensor) -> None:
         """Sample one token for each of `seqs` (aligned with the logits' rows) and emit it."""
         picked = sample(logits_B_V, [s.row for s in seqs], self._shared_generator)
         now = time.perf_counter()
         version = self._version
-        chunks: list[tuple[_Sequence, TokenChunk]] = []
+        chunks: list[tuple[SequenceState, TokenChunk]] = []
         for i, s in enumerate(seqs):
             token = picked.token_ids[i]
             s.output.append(token)
@@ -937,7 +656,7 @@ class LocalEngine:
             )
             chunks.append((s, chunk))
             s.done = finish is not None
-        _emit_all(chunks)
+        emit_all(chunks)
 
     def _retire(self) -> None:
         """Remove finished and abandoned rows, filling holes with rows from the end."""
@@ -988,192 +707,3 @@ class LocalEngine:
         self._rows = []
         self._waiting.clear()
         self._cache.clear()
-
-
-def _emitter(
-    loop: asyncio.AbstractEventLoop,
-    queue: asyncio.Queue[TokenChunk | BaseException],
-    seq: _Sequence,
-) -> Callable[[TokenChunk | BaseException], None]:
-    """Deliver items from the engine thread into `queue` on the caller's loop."""
-
-    def emit(item: TokenChunk | BaseException) -> None:
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
-            seq.aborted = True
-
-    return emit
-
-
-def _emit_all(chunks: list[tuple[_Sequence, TokenChunk]]) -> None:
-    """Hand one step's chunks over with one wake-up per event loop, not one per sequence.
-
-    Each `call_soon_threadsafe` writes to the loop's wake-up pipe: at batch 32 that was 32
-    system calls and as many loop wake-ups per decode step.
-    """
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Sequence, TokenChunk]]] = {}
-    for seq, chunk in chunks:
-        if seq.loop is None:
-            seq.emit(chunk)
-        else:
-            by_loop.setdefault(seq.loop, []).append((seq, chunk))
-    for loop, mine in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(_put_all, mine)
-        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
-            for seq, _ in mine:
-                seq.aborted = True
-
-
-def _put_all(chunks: list[tuple[_Sequence, TokenChunk]]) -> None:
-    for seq, chunk in chunks:
-        assert seq.queue is not None
-        seq.queue.put_nowait(chunk)
-
-
-def _join(items: list[TokenChunk | BaseException]) -> TokenChunk:
-    """Merge chunks that queued up while the consumer was busy; raise an engine failure."""
-    for item in items:
-        if isinstance(item, BaseException):
-            raise item
-    chunks: list[TokenChunk] = items  # type: ignore[assignment]
-    if len(chunks) == 1:
-        return chunks[0]
-    last = chunks[-1]
-    tops = None
-    if last.top_logprobs is not None:
-        tops = [t for c in chunks for t in (c.top_logprobs or [])]
-    return TokenChunk(
-        ids=[t for c in chunks for t in c.ids],
-        logprobs=[x for c in chunks for x in c.logprobs],
-        versions=[v for c in chunks for v in c.versions],
-        top_logprobs=tops,
-        finish_reason=last.finish_reason,
-        stop_string=last.stop_string,
-        timings=last.timings,
-    )
-
-
-_PACK_HINT = 32
-"""Batch size oneDNN tunes a prepacked weight's layout for (any batch size still works)."""
-
-
-def _pack_linears(model: torch.nn.Module) -> int:
-    """Give every bf16 CPU `nn.Linear` a prepacked oneDNN weight; return how many were packed.
-
-    A plain bf16 `F.linear` on CPU appears to re-lay out its weight for AMX on every call: at
-    decode batch sizes it took 1.8x as long as the same product on a prepacked weight, which
-    gives the same bits (checked below) at batch 1-32 (measured, one thread). The packed copy is
-    redone whenever the weight changes in place (its version counter moves: `update_weights`, an
-    optimizer step), and the ordinary path runs whenever autograd is on.
-    """
-    linears = [
-        m
-        for m in model.modules()
-        if isinstance(m, torch.nn.Linear)
-        and m.weight.device.type == "cpu"
-        and m.weight.dtype == torch.bfloat16
-        and not m.weight.is_inference()  # inference tensors keep no version counter
-    ]
-    if not linears or not _packed_linear_matches():
-        return 0
-    for linear in linears:
-        linear.forward = _packed_forward(linear)  # type: ignore[method-assign]
-    return len(linears)
-
-
-def _packed_forward(linear: torch.nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
-    packed: list[Any] = [None, -1]  # (packed weight, weight version it was made from)
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        weight = linear.weight
-        if torch.is_grad_enabled() and weight.requires_grad:
-            return torch.nn.functional.linear(x, weight, linear.bias)
-        if packed[1] != weight._version:
-            packed[0] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_HINT)
-            packed[1] = weight._version
-        return torch.ops.mkldnn._linear_pointwise(x, packed[0], linear.bias, "none", [], "")
-
-    return forward
-
-
-def _packed_linear_matches() -> bool:
-    """Whether this torch build has the prepacked bf16 linear and it equals `F.linear`."""
-    rng = torch.Generator().manual_seed(0)  # leave the caller's random stream alone
-    try:
-        x = torch.randn(3, 64, generator=rng).bfloat16()
-        w = torch.randn(48, 64, generator=rng).bfloat16()
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, _PACK_HINT)
-        y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-    except (AttributeError, RuntimeError):
-        return False
-    return torch.equal(y, torch.nn.functional.linear(x, w))
-
-
-def usable_cores() -> int:
-    """The CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def default_num_threads() -> int:
-    """Torch threads for the engine: the cores this process may use, less one, and at most torch's."""
-    return max(1, min(torch.get_num_threads(), usable_cores() - 1))
-
-
-def _decode_path(lean: LeanDecoder | None) -> str:
-    """The decode path `lean` takes, in words."""
-    if lean is None:
-        return "through the model's forward"
-    if lean.step_kernel is not None:
-        return f"as one compiled {lean.step_kernel.name} step per token"
-    attention = "the compiled attention kernel" if lean.attention is not None else "torch's SDPA"
-    return f"op by op in torch with {attention}"
-
-
-def _pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """The torch dtype for `dtype`; "auto" is bf16 where it is fast (bf16 units, bf16 GPU)."""
-    if dtype != "auto":
-        picked = getattr(torch, dtype, None)
-        if not isinstance(picked, torch.dtype) or not picked.is_floating_point:
-            raise InvalidRequest(f"unknown dtype {dtype!r}; use auto, float32 or bfloat16")
-        return picked
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    return torch.bfloat16 if cpu_has_bf16_units() else torch.float32
-
-
-def _context_length(config: Any, max_context: int | None) -> int:
-    """The model's context (capped by a sliding window we do not apply, and by `max_context`)."""
-    limits = [
-        getattr(config, name, None)
-        for name in ("max_position_embeddings", "n_positions", "max_sequence_length")
-    ]
-    if getattr(config, "use_sliding_window", True):
-        # Our 4D masks span the whole context: a window shorter than it would be ignored.
-        limits.append(getattr(config, "sliding_window", None))
-    limits.append(max_context)
-    known = [int(x) for x in limits if isinstance(x, int) and x > 0]
-    if not known:
-        raise ModelError("the model config names no context length: pass max_context")
-    return min(known)
-
-
-def _read_checkpoint(path: str) -> dict[str, torch.Tensor]:
-    """The state dict stored in a Hugging Face checkpoint directory."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise InvalidRequest(f"checkpoint {path!r} is not a directory")
-    files = sorted(folder.glob("*.safetensors"))
-    if files:
-        from safetensors.torch import load_file
-
-        state: dict[str, torch.Tensor] = {}
-        for f in files:
-            state.update(load_file(str(f)))
-        return state
-    # Other formats (.bin shards, GGUF): let transformers read them the ordinary way.
-    return dict(AutoModelForCausalLM.from_pretrained(path).state_dict())

@@ -1,23 +1,31 @@
-"""Helpers shared by the engines that talk to an inference server over HTTP (vLLM, SGLang).
+"""`RemoteEngine`: what the engines that talk to an inference server over HTTP (vLLM, SGLang)
+share: the per-loop clients, the server's model card, the context length and vocabulary,
+versions stamped on arrival, weight updates from a checkpoint directory, closing.
 
-Imports httpx, the standard library and relayrl.types only (torch only inside `save_state_dir`,
-which is reached only by a caller that already holds torch tensors).
+A subclass names its server, reads its model card, and writes `_stream` (one request) and
+`_reload` (load a checkpoint directory under `_update_lock`, set `_version`).
+
+Imports httpx, the standard library and relayrl's engine protocol, errors and types only (torch
+only inside `save_state_dir`, which is reached only by a caller that already holds tensors).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
-from relayrl.types import Timings
+from relayrl.engine.base import validate_request
+from relayrl.errors import EngineError, InvalidRequest
+from relayrl.types import GenerateOutput, GenerateRequest, Timings, TokenChunk
 
 UNKNOWN_VOCAB = 1 << 31
 """Vocabulary size used for validation when no local config names one (the server checks)."""
@@ -94,3 +102,98 @@ def save_state_dir(weights: Mapping[str, Any]) -> str:
         shutil.rmtree(folder, ignore_errors=True)
         raise
     return folder
+
+
+class RemoteEngine:
+    """The `InferenceEngine` protocol over HTTP to a server at `url` (see the module docstring)."""
+
+    server: ClassVar[str] = "the server"
+    """The server's name in errors ("vLLM", "SGLang")."""
+
+    def __init__(self, url: str, *, api_key: str | None, timeout_s: float,
+                 update_timeout_s: float) -> None:
+        self.url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0))
+        self._clients = LoopClients(self._timeout, self._headers)
+        self.update_timeout_s = update_timeout_s
+        self._context_length = 0
+        self.vocab_size = UNKNOWN_VOCAB
+        self._version = 0
+        self._update_lock = asyncio.Lock()
+        self._closed = False
+
+    @property
+    def version(self) -> int:
+        """Weight version that samples the next token."""
+        return self._version
+
+    @property
+    def context_length(self) -> int:
+        """Most tokens (prompt + output) one sequence may hold."""
+        return self._context_length
+
+    def _set_limits(self, context_lengths: list[Any], model_path: str | None) -> None:
+        """The smallest positive context length given, and the vocabulary at `model_path`."""
+        limits = [int(x) for x in context_lengths if isinstance(x, int) and x > 0]
+        if not limits:
+            raise EngineError(f"no context length known for {self.server} at {self.url}: "
+                              "pass context_length")
+        self._context_length = min(limits)
+        self.vocab_size = vocab_size_at(model_path)
+
+    def _model_card(self, path: str) -> Any:
+        """The JSON the server answers on GET `path` (its model card), at start-up."""
+        try:
+            resp = httpx.get(f"{self.url}{path}", headers=self._headers, timeout=30.0)
+        except httpx.HTTPError as e:
+            raise EngineError(f"cannot reach {self.server} at {self.url}: {e}") from e
+        if resp.status_code != 200:
+            raise EngineError(f"{self.server} at {self.url} answered {resp.status_code} to {path}")
+        return resp.json()
+
+    async def generate(self, request: GenerateRequest) -> GenerateOutput:
+        """Sample a whole completion (streamed underneath, so every token gets its version)."""
+        return GenerateOutput.from_chunks([c async for c in self.stream(request)])
+
+    def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        """Sample a completion, yielding tokens as they arrive; bad requests raise here."""
+        validate_request(request, self._context_length, self.vocab_size)
+        if self._closed:
+            raise EngineError("the engine is closed")
+        return self._stream(request)
+
+    async def update_weights(
+        self, weights: Mapping[str, Any] | str | os.PathLike[str], version: int | None = None
+    ) -> int:
+        """Load a checkpoint directory (or a state dict, saved to a temporary one) into the server.
+
+        The directory must be readable by the server process (same machine or shared disk).
+        """
+        if self._closed:
+            raise EngineError("the engine is closed")
+        if isinstance(weights, str | os.PathLike):
+            folder = str(Path(weights).resolve())
+            if not Path(folder).is_dir():
+                raise InvalidRequest(f"checkpoint {str(weights)!r} is not a directory")
+            return await self._reload(folder, version)
+        if not weights:
+            raise InvalidRequest("the state dict is empty")
+        tmp = await asyncio.to_thread(save_state_dir, weights)
+        try:
+            return await self._reload(tmp, version)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    async def aclose(self) -> None:
+        """Stop using the server (it keeps running: it is not ours to stop)."""
+        self._closed = True
+        await self._clients.aclose()
+
+    def _stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        """One request's chunks, versions stamped on arrival (the subclass's protocol)."""
+        raise NotImplementedError
+
+    async def _reload(self, folder: str, version: int | None) -> int:
+        """Load the checkpoint directory `folder` into the server; the version it serves now."""
+        raise NotImplementedError

@@ -27,32 +27,21 @@ this client is tested against a loopback stub that speaks SGLang's documented na
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import shutil
 import time
-from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 
-from relayrl.engine.base import validate_request
-from relayrl.engine.remote import (
-    LoopClients,
-    context_length_at,
-    elapsed_timings,
-    save_state_dir,
-    vocab_size_at,
-)
+from relayrl.engine.remote import RemoteEngine, context_length_at, elapsed_timings
 from relayrl.errors import ContextLengthExceeded, EngineError, InvalidRequest
-from relayrl.types import FinishReason, GenerateOutput, GenerateRequest, TokenChunk, TopLogprob
+from relayrl.types import FinishReason, GenerateRequest, TokenChunk, TopLogprob
 
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
 
 
-class SGLangEngine:
+class SGLangEngine(RemoteEngine):
     """An `InferenceEngine` backed by an SGLang server at `url` (see the module docstring).
 
     Args:
@@ -66,6 +55,8 @@ class SGLangEngine:
         update_timeout_s: bound on one weight update (pause, load, continue).
     """
 
+    server = "SGLang"
+
     def __init__(
         self,
         url: str,
@@ -76,42 +67,12 @@ class SGLangEngine:
         timeout_s: float = 600.0,
         update_timeout_s: float = 900.0,
     ) -> None:
-        self.url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._headers = headers
-        self._clients = LoopClients(httpx.Timeout(timeout_s, connect=30.0), headers)
-        self.update_timeout_s = update_timeout_s
+        super().__init__(url, api_key=api_key, timeout_s=timeout_s,
+                         update_timeout_s=update_timeout_s)
         info = self._model_info()
         path = model_path or info.get("model_path")
-        limit = context_length or context_length_at(path)
-        if not limit:
-            raise EngineError(f"no context length known for SGLang at {self.url}: pass one")
-        self._context_length = int(limit)
-        self.vocab_size = vocab_size_at(path)
-        self._version = 0
-        self._update_lock = asyncio.Lock()
-        self._closed = False
-
-    @property
-    def version(self) -> int:
-        """Weight version that samples the next token."""
-        return self._version
-
-    @property
-    def context_length(self) -> int:
-        """Most tokens (prompt + output) one sequence may hold."""
-        return self._context_length
-
-    async def generate(self, request: GenerateRequest) -> GenerateOutput:
-        """Sample a whole completion (streamed underneath, so every token gets its version)."""
-        return GenerateOutput.from_chunks([c async for c in self.stream(request)])
-
-    def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
-        """Sample a completion, yielding tokens as they arrive; bad requests raise here."""
-        validate_request(request, self._context_length, self.vocab_size)
-        if self._closed:
-            raise EngineError("the engine is closed")
-        return self._stream(request)
+        # a context_length given wins; else the model config's
+        self._set_limits([context_length or context_length_at(path)], path)
 
     async def abort(self, request_id: str) -> None:
         """Ask the server to abort the request `request_id`."""
@@ -125,42 +86,11 @@ class SGLangEngine:
         """Continue generation after `pause`."""
         await self._post("/continue_generation", {})
 
-    async def update_weights(
-        self, weights: Mapping[str, Any] | str | os.PathLike[str], version: int | None = None
-    ) -> int:
-        """Load a checkpoint directory (or a state dict, saved to a temporary one) into the server."""
-        if self._closed:
-            raise EngineError("the engine is closed")
-        if isinstance(weights, str | os.PathLike):
-            folder = str(Path(weights).resolve())
-            if not Path(folder).is_dir():
-                raise InvalidRequest(f"checkpoint {str(weights)!r} is not a directory")
-            return await self._reload(folder, version)
-        if not weights:
-            raise InvalidRequest("the state dict is empty")
-        tmp = await asyncio.to_thread(save_state_dir, weights)
-        try:
-            return await self._reload(tmp, version)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-    async def aclose(self) -> None:
-        """Stop using the server (it keeps running: it is not ours to stop)."""
-        self._closed = True
-        await self._clients.aclose()
-
     # -- internals ---------------------------------------------------------------------------
 
     def _model_info(self) -> dict[str, Any]:
-        try:
-            resp = httpx.get(f"{self.url}/get_model_info", headers=self._headers, timeout=30.0)
-        except httpx.HTTPError as e:
-            raise EngineError(f"cannot reach SGLang at {self.url}: {e}") from e
-        if resp.status_code != 200:
-            raise EngineError(
-                f"SGLang at {self.url} answered {resp.status_code} to /get_model_info"
-            )
-        info = resp.json()
+        """/get_model_info: the served model's path, and whether it generates."""
+        info = self._model_card("/get_model_info")
         if info.get("is_generation") is False:
             raise EngineError(f"SGLang at {self.url} serves a model that does not generate")
         return info

@@ -43,28 +43,17 @@ so every token sampled after the resume carries the new one.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import os
-import shutil
 import time
-from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 
-from relayrl.engine.base import validate_request
-from relayrl.engine.remote import LoopClients, elapsed_timings, save_state_dir, vocab_size_at
+from relayrl.engine.remote import RemoteEngine, elapsed_timings
 from relayrl.errors import ContextLengthExceeded, EngineError, InvalidRequest
-from relayrl.types import (
-    FinishReason,
-    GenerateOutput,
-    GenerateRequest,
-    TokenChunk,
-    TopLogprob,
-)
+from relayrl.types import FinishReason, GenerateRequest, TokenChunk, TopLogprob
 
 log = logging.getLogger(__name__)
 RELOAD_WITH_REPACK = "relayrl_reload_weights"
@@ -73,7 +62,7 @@ RELOAD_WITH_REPACK = "relayrl_reload_weights"
 _TOKEN_PREFIX = "token_id:"
 
 
-class VLLMEngine:
+class VLLMEngine(RemoteEngine):
     """An `InferenceEngine` backed by a vLLM server at `url` (see the module docstring).
 
     Args:
@@ -85,7 +74,12 @@ class VLLMEngine:
         api_key: sent as a bearer token when the server was started with one.
         timeout_s: bound on connecting and on each read from the server.
         update_timeout_s: bound on one weight update (pause, reload, resume).
+
+    Requests in flight during a weight update are frozen, not dropped: they continue with the
+    new weights.
     """
+
+    server = "vLLM"
 
     def __init__(
         self,
@@ -98,49 +92,24 @@ class VLLMEngine:
         timeout_s: float = 600.0,
         update_timeout_s: float = 900.0,
     ) -> None:
-        self.url = url.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0))
-        self.update_timeout_s = update_timeout_s
-        card = self._model_card(model)
+        super().__init__(url, api_key=api_key, timeout_s=timeout_s,
+                         update_timeout_s=update_timeout_s)
+        card = self._served_card(model)
         self.model: str = card["id"]
-        served_len = card.get("max_model_len")
-        limits = [x for x in (context_length, served_len) if isinstance(x, int) and x > 0]
-        if not limits:
-            raise EngineError(f"vLLM at {self.url} names no max_model_len: pass context_length")
-        self._context_length = min(limits)
-        self.vocab_size = vocab_size_at(model_path or card.get("root"))
-        self._version = 0
-        self._update_lock = asyncio.Lock()
+        # max_model_len: what the server was started with
+        self._set_limits([context_length, card.get("max_model_len")],
+                         model_path or card.get("root"))
         self._reload_method = RELOAD_WITH_REPACK
-        self._clients = LoopClients(self._timeout, self._headers)
-        self._closed = False
         self._warned_truncation = False
-
-    @property
-    def version(self) -> int:
-        """Weight version that samples the next token."""
-        return self._version
-
-    @property
-    def context_length(self) -> int:
-        """Most tokens (prompt + output) one sequence may hold."""
-        return self._context_length
-
-    async def generate(self, request: GenerateRequest) -> GenerateOutput:
-        """Sample a whole completion (streamed underneath, so every token gets its version)."""
-        return GenerateOutput.from_chunks([c async for c in self.stream(request)])
 
     def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
         """Sample a completion, yielding tokens as they arrive; bad requests raise here."""
-        validate_request(request, self._context_length, self.vocab_size)
-        if self._closed:
-            raise EngineError("the engine is closed")
+        chunks = super().stream(request)
         p = request.params
         if (p.top_p < 1.0 or p.top_k > 0) and not self._warned_truncation:
             self._warned_truncation = True
             log.warning(truncation_warning())
-        return self._stream(request)
+        return chunks
 
     async def abort(self, request_id: str) -> int:
         """Ask the server to abort the request `request_id`; returns how many it aborted."""
@@ -160,44 +129,11 @@ class VLLMEngine:
         data = await self._get("/is_paused")
         return bool(data.get("is_paused"))
 
-    async def update_weights(
-        self, weights: Mapping[str, Any] | str | os.PathLike[str], version: int | None = None
-    ) -> int:
-        """Load a checkpoint directory (or a state dict, saved to a temporary one) into the server.
-
-        The directory must be readable by the server process (same machine or shared disk).
-        Requests in flight are frozen, not dropped: they continue with the new weights.
-        """
-        if self._closed:
-            raise EngineError("the engine is closed")
-        if isinstance(weights, str | os.PathLike):
-            folder = str(Path(weights).resolve())
-            if not Path(folder).is_dir():
-                raise InvalidRequest(f"checkpoint {str(weights)!r} is not a directory")
-            return await self._reload(folder, version)
-        if not weights:
-            raise InvalidRequest("the state dict is empty")
-        tmp = await asyncio.to_thread(save_state_dir, weights)
-        try:
-            return await self._reload(tmp, version)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-    async def aclose(self) -> None:
-        """Stop using the server (it keeps running: it is not ours to stop)."""
-        self._closed = True
-        await self._clients.aclose()
-
     # -- internals ---------------------------------------------------------------------------
 
-    def _model_card(self, model: str | None) -> dict[str, Any]:
-        try:
-            resp = httpx.get(f"{self.url}/v1/models", headers=self._headers, timeout=30.0)
-        except httpx.HTTPError as e:
-            raise EngineError(f"cannot reach vLLM at {self.url}: {e}") from e
-        if resp.status_code != 200:
-            raise EngineError(f"vLLM at {self.url} answered {resp.status_code} to /v1/models")
-        cards = resp.json().get("data") or []
+    def _served_card(self, model: str | None) -> dict[str, Any]:
+        """The /v1/models card of `model` (default: the first one served)."""
+        cards = self._model_card("/v1/models").get("data") or []
         if not cards:
             raise EngineError(f"vLLM at {self.url} serves no model")
         if model is None:

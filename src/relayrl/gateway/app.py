@@ -82,7 +82,7 @@ async def serve_completion(request: Request, wire: Wire) -> Any:
     body = await read_json(request)
     req = _parse(deps, wire, body)
     callback = rollout_callback.from_body(body) if wire is OPENAI_CHAT else None
-    if callback is not None:  # the remote rollout protocol (seed 002)
+    if callback is not None:  # the remote rollout protocol
         rollout_callback.check_request(callback, session, req.stream)
     if session is not None:
         session_open(deps, session)

@@ -9,7 +9,11 @@ from relayrl.errors import ConfigError
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    """How to run a gateway."""
+    """How to run a gateway.
+
+    In a run's config (`relayrl train`, `relayrl serve`) the model, the engine and the staleness
+    rule are set once, at `model`, `engine` and `rollout`; the gateway section refuses them.
+    """
 
     model: str = "smollm2-135m-instruct"  # packaged name, local HF dir or hub id
     engine: str = "local"                 # "local" (in-process model), "vllm" (a server) or "fake" (scripted, for tests)

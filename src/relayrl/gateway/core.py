@@ -431,7 +431,7 @@ async def complete(deps: GatewayDeps, session: Session | None, req: CompletionRe
         choices.append(Choice(index=i, reply=reply, finish_reason=finish, interaction_id=iid,
                               logprobs=lps, output_tokens=len(out.output_ids),
                               stop_sequence=out.stop_string))
-    # the reply's id is its (first) call's id, so set_reward can take it as seed 003 does
+    # the reply's id is its (first) call's id, so set_reward can take it (the `/rl/v1` session API)
     return Completion(id=call.interaction_ids[0], model=deps.model_label,
                       created=int(time.time()), choices=tuple(choices),
                       prompt_tokens=len(call.prompt_ids))

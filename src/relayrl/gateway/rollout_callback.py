@@ -1,6 +1,6 @@
 """The trainer side of the remote rollout protocol on the chat route: token ids out, masks checked.
 
-A rollout server (seed 002) calls `/v1/chat/completions` with two extra fields: `rollout_id` and
+A rollout server (docs/remote-rollout.md) calls `/v1/chat/completions` with two extra fields: `rollout_id` and
 `response_mask`, one 0 per token it added since its previous call (tool outputs, template glue),
 None on the first call. relayrl does not need the mask to build rows, since it builds every
 prompt itself, so it *checks* it: the mask must equal the non-model tokens of relayrl's own

@@ -34,9 +34,6 @@ class RolloutConfig:
     shuffle: bool = True                 # shuffle the dataset each epoch
     seed: int | None = None              # shuffling seed (epoch e: seed + e); None: the run's seed
     epochs: int | None = None            # passes over the dataset; None cycles forever
-    # an item field (e.g. "form"): each epoch takes one item of each value in turn, in the order
-    # the values first appear in the dataset, so every run of batches covers them evenly
-    stratify_by: str | None = None
     is_eval: bool = False                # episodes see is_eval; stats and dumps go to eval-rollout
     dump_root: str | None = None         # fileroot of trajectory dumps; None writes none
     # (the trainer's base-model eval and eval retries write none: they would replace files)
@@ -47,24 +44,6 @@ class RolloutConfig:
     # signal; it is set aside and another item sampled in its place. Off in eval.
     dynamic_sampling: bool = False
     dynamic_sampling_budget: int = 3     # per batch, at most this × batch_size groups set aside
-    # DAPO's oversampling, asynchronous: with dynamic sampling, this many groups run beyond what
-    # the staleness rule admits, so a uniform group's replacement is already under way. Batches
-    # then take groups in admission order (no preference for quick episodes); a group the
-    # staleness bound no longer has room for is discarded (cancelled if still running).
-    oversample_groups: int = 0
-    # a group whose episodes all got one reward runs group_size more episodes of its item, up to
-    # this many times, and trains as one larger group once they differ (a question the policy
-    # almost always fails, or almost always solves, still gets its few informative episodes);
-    # what stays uniform goes on to dynamic sampling. Off in eval.
-    grow_uniform_groups: int = 0
-    # an item field (e.g. "form"): a group whose episodes all got one reward is trained, not set
-    # aside, when that reward is at least baseline_min_gap from the mean reward of the last
-    # baseline_window episodes of items with the same value (sampled before it; at least half a
-    # window of them); its advantage is reward - that mean. A kind of question the policy used to solve and now always fails
-    # is then pushed back instead of dropped. Off in eval; needs advantage_source "group".
-    baseline_by: str | None = None
-    baseline_window: int = 16            # episodes per value in the running mean
-    baseline_min_gap: float = 0.25       # |reward - mean| that makes a uniform group worth training
 
     def __post_init__(self) -> None:
         if self.group_size < 1 or self.batch_size < 1:
@@ -82,14 +61,6 @@ class RolloutConfig:
         if self.dynamic_sampling_budget < 0:
             raise ConfigError(f"dynamic_sampling_budget must be >= 0, got "
                               f"{self.dynamic_sampling_budget}")
-        if self.grow_uniform_groups < 0:
-            raise ConfigError(f"grow_uniform_groups must be >= 0, got {self.grow_uniform_groups}")
-        if self.baseline_window < 2:
-            raise ConfigError(f"baseline_window must be >= 2, got {self.baseline_window}")
-        if self.baseline_min_gap <= 0:
-            raise ConfigError(f"baseline_min_gap must be > 0, got {self.baseline_min_gap}")
-        if self.oversample_groups < 0:
-            raise ConfigError(f"oversample_groups must be >= 0, got {self.oversample_groups}")
         if self.epochs is not None and self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1 or None, got {self.epochs}")
         default_http = AgentConfig.http_timeout_s

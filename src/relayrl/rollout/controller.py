@@ -18,24 +18,6 @@ released by the workflow on every path, including cancellation by `aclose`.
 Tradeoff: a group is all-or-nothing for admission (its members start together, so they sample
 from the same weights), which can leave up to `group_size - 1` concurrency slots idle.
 
-Oversampling (`oversample_groups`, with dynamic sampling): groups beyond the staleness rule's
-room start at once, so a uniform group's replacement is already running when it ends. Groups are
-then settled in admission order, not as they end: a batch holds the first groups (by data order)
-that carry signal, as if they had been sampled one after another, so short episodes are not
-preferred. A group whose place in that order would make it staler than `max_staleness` when
-trained (its accepted index past the limit at its admission version) is discarded, or cancelled
-while it still runs: the staleness bound holds as without oversampling.
-
-Growth (`grow_uniform_groups`): a group whose episodes all got one reward runs `group_size` more
-episodes of its item, round by round, before it is settled, and trains as one group. A round
-takes the slots the group's own episodes freed; should others hold them, it waits and the feeder
-admits no new group meanwhile.
-
-A running baseline (`baseline_by`): the controller keeps, per value of an item field, the rewards
-of the last episodes it ended. A uniform group far enough from its value's mean is trained
-instead of set aside, and the batch carries that mean as the group's baseline (`Batch.baselines`):
-GRPO's group mean is then no baseline at all, but the policy's recent record on such items is.
-
 The trainer says how many batches it will still take (`limit_batches`), so no episode runs for a
 batch nobody takes: the last update gets the engine's cores instead of sampling a batch that is
 cancelled when training ends.
@@ -45,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 from collections import Counter, deque
@@ -86,12 +67,6 @@ def uniform_group(rows: RowBatch, tol: float = 1e-6) -> bool:
     return bool(means) and max(means) - min(means) <= tol
 
 
-def _has_signal(outcomes: list[EpisodeOutcome]) -> bool | None:
-    """Whether the finished episodes' rewards differ (None: none finished with rows)."""
-    rows = [o.rows for o in outcomes if o.status == EpisodeStatus.FINISHED and o.rows is not None]
-    return None if not rows else not uniform_group(RowBatch.concat(rows))
-
-
 @dataclass(frozen=True)
 class RolloutStats:
     """Counters at one moment. Episode counts are cumulative; `running` is now."""
@@ -118,14 +93,6 @@ class RolloutStats:
     """Rows handed to the trainer."""
     mean_staleness: float
     """Over rows handed out: trainer version at hand-out minus the row's first sampled version."""
-    groups_discarded: int = 0
-    """Oversampled groups with no room left under the staleness bound (discarded or cancelled)."""
-    groups_baselined: int = 0
-    """Uniform groups trained against their item kind's running mean (`baseline_by`)."""
-    groups_grown: int = 0
-    """Times a uniform group ran `group_size` more episodes of its item (`grow_uniform_groups`)."""
-    grown_groups_with_signal: int = 0
-    """Groups that were grown and then ended with a spread of rewards."""
     recent_errors: tuple[str, ...] = ()
     """The last few abort errors, `episode_id: Type: message`."""
     aborted_by_reason: dict[str, int] = field(default_factory=dict)
@@ -149,9 +116,6 @@ class Batch:
     staleness: tuple[int, ...]
     """Per row: `version` minus the version that sampled the row's first trained token."""
     stats: RolloutStats
-    baselines: dict[str, float] = field(default_factory=dict)
-    """Group id -> the baseline its advantages take instead of the group's mean (uniform groups
-    kept by `baseline_by`); groups not named here use their own mean."""
 
     @property
     def num_rows(self) -> int:
@@ -174,18 +138,6 @@ class _Group:
     task_id: str
     admitted_version: int
     rows: RowBatch
-    kind: str | None = None
-    """The item's `baseline_by` value (JSON), None without a running baseline."""
-    baseline: float | None = None
-    """Set when the group is uniform and trains against its kind's running mean."""
-
-
-@dataclass
-class _Running:
-    task: asyncio.Task[None]
-    admitted_version: int
-    started: bool = False
-    """Its coroutine runs: cancelling it now reaches its `finally` (before, nothing would)."""
 
 
 class RolloutController:
@@ -216,15 +168,7 @@ class RolloutController:
         self._gate = StalenessGate(config.batch_size, config.max_staleness)
         self._dumper = (TrajectoryDumper(config.dump_root, config.experiment, config.trial,
                                          decode) if config.dump_root else None)
-        self._order = self._data_order(self._strata())
-        self._history: dict[str, deque[float]] = {}
-        """`baseline_by`: per item kind, the rewards of its last episodes (oldest first)."""
-        if config.baseline_by is not None and not config.is_eval:
-            for index, item in enumerate(dataset):
-                if config.baseline_by not in item:
-                    raise ConfigError(f"baseline_by={config.baseline_by!r}: item {index} has no "
-                                      "such field")
-        self._groups_baselined = 0
+        self._order = self._data_order()
         self._exhausted = False
         self._paused = False
         self._ready: deque[_Group] = deque()
@@ -238,21 +182,6 @@ class RolloutController:
         self._groups_dropped = 0
         self._groups_set_aside = 0
         self._set_aside_since_batch = 0
-        self._oversample = (config.oversample_groups
-                            if config.dynamic_sampling and not config.is_eval else 0)
-        self._groups_discarded = 0
-        self._groups_grown = 0
-        self._grown_with_signal = 0
-        self._growths_waiting = 0
-        """Groups waiting for room to grow: the feeder admits no new group meanwhile."""
-        self._freed: asyncio.Event | None = None
-        self._running: dict[int, _Running] = {}
-        """Groups not settled yet, by admission number."""
-        self._ended: dict[int, _Group | None] = {}
-        """Oversampling: groups that ended and wait for their turn (None: nothing to train)."""
-        self._cursor = 0
-        """Oversampling: the admission number settled next."""
-        self._cancelled: set[int] = set()
         self._groups_out = 0
         """Groups handed out in batches."""
         self._group_cap: int | None = None
@@ -311,36 +240,15 @@ class RolloutController:
 
     # ---- admission --------------------------------------------------------------------------
 
-    def _data_order(self, strata: list[list[int]] | None) -> Iterator[int]:
-        """Dataset indices, epoch after epoch (shuffled per epoch if configured; strata in turn)."""
+    def _data_order(self) -> Iterator[int]:
+        """Dataset indices, epoch after epoch (shuffled per epoch if configured)."""
         epoch = 0
         while self.config.epochs is None or epoch < self.config.epochs:
-            rng = random.Random((self.config.seed or 0) + epoch)
-            if strata is None:
-                order = list(range(len(self.dataset)))
-                if self.config.shuffle:
-                    rng.shuffle(order)
-            else:
-                queues = [list(stratum) for stratum in strata]
-                if self.config.shuffle:
-                    for queue in queues:
-                        rng.shuffle(queue)
-                # round-robin: a short stratum runs out and the others go on
-                order = [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)]
+            order = list(range(len(self.dataset)))
+            if self.config.shuffle:
+                random.Random((self.config.seed or 0) + epoch).shuffle(order)
             yield from order
             epoch += 1
-
-    def _strata(self) -> list[list[int]] | None:
-        """Dataset indices by the value of `stratify_by`, values in order of first appearance."""
-        key = self.config.stratify_by
-        if key is None:
-            return None
-        strata: dict[str, list[int]] = {}
-        for index, item in enumerate(self.dataset):
-            if key not in item:
-                raise ConfigError(f"stratify_by={key!r}: item {index} has no such field")
-            strata.setdefault(json.dumps(item[key], sort_keys=True), []).append(index)
-        return list(strata.values())
 
     def start(self) -> None:
         """Start admitting episodes (next_batch does this on first use); needs a running loop."""
@@ -348,7 +256,6 @@ class RolloutController:
             raise InvalidRequest("the controller is closed")
         if self._feeder is None:
             self._wake, self._changed = asyncio.Event(), asyncio.Event()
-            self._freed = asyncio.Event()
             self._feeder = asyncio.create_task(self._feed(), name="relayrl-rollout-feeder")
 
     async def _feed(self) -> None:
@@ -364,35 +271,21 @@ class RolloutController:
                     await self._wake.wait()
         self._notify()
 
-    def _room(self, version: int) -> bool:
-        """The staleness rule admits another group, or oversampling does."""
-        gate = self._gate
-        if gate.submitted < self._limit(version):
-            return True
-        # an oversampled group admitted now must still fit the bound if every earlier one fails
-        return (gate.submitted < self._limit(version) + self._oversample
-                and not self._past_bound(version))
-
     def _admit_what_fits(self) -> None:
         g = self.config.group_size
         version = self.version
-        while (not self._paused and not self._exhausted and not self._growths_waiting
-               and self._failure is None
+        while (not self._paused and not self._exhausted and self._failure is None
                and self._running_episodes + g <= self.config.max_concurrent_rollouts
-               and self._room(version)):
+               and self._gate.submitted < self._limit(version)):
             index = next(self._order, None)
             if index is None:
                 self._exhausted = True
                 break
-            if self._gate.submitted < self._limit(version):
-                self._gate.admit(version)
-            else:
-                self._gate.add()  # oversampled: settled in order, discarded if past the bound
+            self._gate.admit(version)
             seq = self._next_task_id
             self._next_task_id += 1
             self._running_episodes += g
             task = asyncio.create_task(self._run_group(seq, self.dataset[index], version))
-            self._running[seq] = _Running(task, version)
             self._tasks.add(task)
             task.add_done_callback(self._group_done)
 
@@ -404,11 +297,9 @@ class RolloutController:
         task_id = str(seq)
         ctx = EpisodeContext(task_id=task_id, group_id=new_group_id(),
                              is_eval=self.config.is_eval, version=version)
-        self._running[seq].started = True
         ended = 0
-        members = self.config.group_size  # counted in _running_episodes at admission
         group: _Group | None = None
-        ran = False  # False: cancelled (oversampling's discard, or aclose)
+        ran = False  # False: cancelled (aclose)
 
         def on_done(outcome: EpisodeOutcome) -> None:
             nonlocal ended
@@ -416,123 +307,40 @@ class RolloutController:
             self._episode_done(outcome)
 
         try:
-            if self._oversample and self._past_bound(version):
-                return  # became hopeless before it started (not ran: settled as discarded)
             with episode_scope(ctx):
                 outcomes = await self._group.run_members(
                     self.engine, data, self.config.episode_timeout_s, on_done=on_done)
-                while self._may_grow(outcomes):  # bounded: grow_uniform_groups rounds at most
-                    await self._room_to_grow()
-                    members += self.config.group_size
-                    self._running_episodes += self.config.group_size
-                    self._groups_grown += 1
-                    outcomes += await self._group.run_members(
-                        self.engine, data, self.config.episode_timeout_s, on_done=on_done,
-                        first_index=len(outcomes))
-                if len(outcomes) > self.config.group_size:
-                    self._grown_with_signal += bool(_has_signal(outcomes))
             finished = [o for o in outcomes if o.status == EpisodeStatus.FINISHED]
             if finished:
                 group = _Group(task_id, version,
-                               RowBatch.concat(o.rows for o in finished if o.rows is not None),
-                               kind=self._kind(data))
+                               RowBatch.concat(o.rows for o in finished if o.rows is not None))
             ran = True
         except Exception as e:  # a bug above the episodes (merging): drop the group
             log.exception("group %s failed", task_id)
             self._errors.append(f"group {task_id}: {type(e).__name__}: {e}")
             ran = True
         finally:
-            if not ran:
-                self._cancelled.add(seq)
-            self._running_episodes -= members - ended  # members never reported
-            self._running.pop(seq, None)
-            if self._oversample:
-                self._ended[seq] = group
-                while self._cursor in self._ended:  # settle in admission order
-                    self._settle(self._cursor, self._ended.pop(self._cursor))
-                    self._cursor += 1
-                self._cancel_hopeless()
-            else:
-                self._settle(seq, group)
+            # members counted in _running_episodes at admission but never reported
+            self._running_episodes -= self.config.group_size - ended
+            self._settle(group, ran)
             self._poke()
             self._notify()
 
-    def _settle(self, seq: int, group: _Group | None) -> None:
-        """Batch, set aside, drop or discard an ended group; its staleness slot follows."""
-        if group is not None:
-            self._hold_against_record(group)
+    def _settle(self, group: _Group | None, ran: bool) -> None:
+        """Batch, set aside or drop an ended group; its staleness slot follows."""
         accepted = False
-        if seq in self._cancelled:
-            self._cancelled.discard(seq)
-            self._groups_discarded += not self._closed
+        if not ran:
+            pass  # cancelled by aclose: neither trained nor counted
         elif group is None:
             self._groups_dropped += 1
-        elif group.baseline is None and self._set_aside(group.rows):
+        elif self._set_aside(group.rows):
             self._groups_set_aside += 1
             self._set_aside_since_batch += 1
-        elif self._oversample and self._past_bound(group.admitted_version):
-            self._groups_discarded += 1
         else:
             self._ready.append(group)
             accepted = True
-            self._groups_baselined += group.baseline is not None
             self._dump(group)
         self._gate.finish(accepted)
-
-    def _kind(self, data: dict[str, Any]) -> str | None:
-        key = self.config.baseline_by
-        if key is None or self.config.is_eval:
-            return None
-        return json.dumps(data[key], sort_keys=True)
-
-    def _hold_against_record(self, group: _Group) -> None:
-        """`baseline_by`: set the baseline a uniform group trains against (if its kind's record
-        is long enough and far enough from its reward), then add its rewards to the record."""
-        if group.kind is None:
-            return
-        cfg = self.config
-        rewards = _episode_rewards(group.rows)
-        history = self._history.setdefault(group.kind, deque(maxlen=cfg.baseline_window))
-        if (len(history) * 2 >= cfg.baseline_window and uniform_group(group.rows)
-                and abs(rewards[0] - (mean := sum(history) / len(history)))
-                >= cfg.baseline_min_gap):
-            group.baseline = mean
-        history.extend(rewards)
-
-    def _past_bound(self, admitted_version: int) -> bool:
-        """One more accepted group, admitted at this version, would be trained too stale."""
-        return self._gate.accepted >= self._gate.limit(admitted_version)
-
-    def _cancel_hopeless(self) -> None:
-        """Cancel running groups that could only be discarded (the engine has better work)."""
-        for seq, running in list(self._running.items()):
-            if (running.started and seq not in self._cancelled
-                    and self._past_bound(running.admitted_version)):
-                self._cancelled.add(seq)
-                running.task.cancel()
-
-    def _may_grow(self, outcomes: list[EpisodeOutcome]) -> bool:
-        """A group runs another round of members while its finished episodes all got one reward
-        and `grow_uniform_groups` leaves rounds (never in eval)."""
-        cfg = self.config
-        rounds_run = len(outcomes) // cfg.group_size - 1
-        return (rounds_run < cfg.grow_uniform_groups and not cfg.is_eval and not self._closed
-                and _has_signal(outcomes) is False)
-
-    async def _room_to_grow(self) -> None:
-        """Wait until `group_size` more episodes fit under `max_concurrent_rollouts`. The feeder
-        admits no new group meanwhile, so running episodes can only end: the wait ends within
-        an episode timeout."""
-        assert self._freed is not None
-        cap, g = self.config.max_concurrent_rollouts, self.config.group_size
-        self._growths_waiting += 1
-        try:
-            while self._running_episodes + g > cap:  # bounded: see the docstring
-                self._freed.clear()
-                await self._freed.wait()
-        finally:
-            self._growths_waiting -= 1
-            self._poke()
 
     def _set_aside(self, rows: RowBatch) -> bool:
         """Dynamic sampling: True for a uniform group while this batch's budget lasts."""
@@ -546,8 +354,6 @@ class RolloutController:
     def _episode_done(self, outcome: EpisodeOutcome) -> None:
         self._counts[outcome.status] += 1
         self._running_episodes -= 1
-        if self._freed is not None:
-            self._freed.set()
         if outcome.status == EpisodeStatus.ABORTED:
             first_line = (outcome.error or "").splitlines()[0] if outcome.error else ""
             self._errors.append(f"{outcome.ctx.episode_id}: {first_line}")
@@ -620,8 +426,6 @@ class RolloutController:
 
     def _make_batch(self, groups: list[_Group]) -> Batch:
         merged = RowBatch.concat(g.rows for g in groups)
-        baselines = {group_id: g.baseline for g in groups if g.baseline is not None
-                     for group_id in set(g.rows.group_ids)}
         version = self.version
         heads = merged.head_versions()
         admitted = [g.admitted_version for g in groups for _ in range(g.rows.num_rows)]
@@ -639,7 +443,6 @@ class RolloutController:
             version=version,
             staleness=staleness,
             stats=self.stats(),
-            baselines=baselines,
         )
 
     def __aiter__(self) -> RolloutController:
@@ -661,10 +464,7 @@ class RolloutController:
             accepted=s[EpisodeStatus.FINISHED], rejected=s[EpisodeStatus.REJECTED],
             aborted=s[EpisodeStatus.ABORTED], groups_running=self._gate.running,
             groups_accepted=self._gate.accepted, groups_dropped=self._groups_dropped,
-            groups_set_aside=self._groups_set_aside, groups_discarded=self._groups_discarded,
-            groups_baselined=self._groups_baselined, groups_grown=self._groups_grown,
-            grown_groups_with_signal=self._grown_with_signal,
-            groups_queued=len(self._ready), rows_out=self._rows_out,
+            groups_set_aside=self._groups_set_aside, groups_queued=len(self._ready), rows_out=self._rows_out,
             mean_staleness=self._mean_staleness(), recent_errors=tuple(self._errors),
             aborted_by_reason=dict(self._abort_reasons), workflow=self._workflow_counters(),
         )

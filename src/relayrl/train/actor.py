@@ -10,13 +10,11 @@ largest matrix product. The head runs in fp32 even under bf16 (`fp32_logits`), o
 master weight: measured on SmolLM2, bf16 logits are off by 0.013 nats on average (max 0.10) from
 fp32; an fp32 head halves that.
 
-bf16 is on by default where the hardware has it (AMX / AVX512-BF16 on CPU). With
-`bf16_mode="copy"` (default) the forward and backward run on a bf16 copy of the weights: each
-micro-batch's bf16 gradients are added into fp32 gradients of the master weights, AdamW steps
-the fp32 masters, and the copy is refreshed from them after each step. Autocast
-(`bf16_mode="autocast"`, the former path) casts every fp32 weight at each use and keeps the
-residual stream in fp32, which made the backward 4.5-5x the forward on this CPU
-(benchmarks/RESULTS.md, "Training throughput").
+bf16 is on by default where the hardware has it (AMX / AVX512-BF16 on CPU). The forward and
+backward then run on a bf16 copy of the weights: each micro-batch's bf16 gradients are added
+into fp32 gradients of the master weights, AdamW steps the fp32 masters, and the copy is
+refreshed from them after each step. (Autocast, which casts every fp32 weight at each use and
+keeps the residual stream in fp32, was slower: benchmarks/RESULTS.md, "Training throughput".)
 
 With `lora_rank` > 0 only peft LoRA adapters train (`relayrl.train.lora`); the engine, `save`
 and checkpoints get them folded into plain weights.
@@ -34,7 +32,6 @@ import copy
 import functools
 import math
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +58,7 @@ _LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scali
 
 
 def resolve_bf16(setting: bool | str, device: torch.device) -> bool:
-    """Whether to autocast to bf16: the setting, or for "auto" whether the hardware has bf16."""
+    """Whether to compute in bf16: the setting, or for "auto" whether the hardware has bf16."""
     if isinstance(setting, bool):
         return setting
     if device.type == "cuda":
@@ -188,7 +185,7 @@ class Actor:
         if config.freeze_layers:
             freeze_lower_layers(self.model, config.freeze_layers)
         self.bf16 = resolve_bf16(config.bf16, self.device)
-        self.bf16_copy = self.bf16 and config.bf16_mode == "copy"
+        self.bf16_copy = self.bf16
         """Forward and backward run on a bf16 copy of the weights (else on `model`)."""
         self.compute_model = self._compute_copy(self.model) if self.bf16_copy else self.model
         """What forward and backward run on: the bf16 copy, or `model` itself."""
@@ -270,12 +267,6 @@ class Actor:
 
     # -- scoring ------------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _autocast(self) -> Iterator[None]:
-        enabled = self.bf16 and not self.bf16_copy
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled):
-            yield
-
     def _compute_copy(self, model: Any) -> Any:
         """`model`'s bf16 copy, its RMSNorms and MLPs in one pass each on CPU (`fused`)."""
         twin = bf16_copy(model)
@@ -304,13 +295,12 @@ class Actor:
         ids_M_L = mb.input_ids_M_L.to(self.device)
         m_N, l_N = mb.target_m_N.to(self.device), mb.target_l_N.to(self.device)
         compute, head = self._runnable(model)
-        with self._autocast():
-            hidden_M_L_H = self._hidden(compute.get_decoder(), mb)
+        hidden_M_L_H = self._hidden(compute.get_decoder(), mb)
         hidden_N_H = hidden_M_L_H[m_N, l_N - 1]  # logits at t - 1 score token t
         if head.bias is not None:
             raise ModelError("an output head with a bias is not supported")
         weight_V_H = head.weight
-        if self.bf16 and not self.config.fp32_logits:  # autocast would have cast it
+        if self.bf16 and not self.config.fp32_logits:
             weight_V_H = weight_V_H.to(torch.bfloat16)
         # The fp32 head's bf16 twin (refreshed with the rest of the copy) spares the backward
         # a cast of the whole head.
@@ -374,11 +364,6 @@ class Actor:
         """`[B, T]` logprobs of the batch under the policy as it is, before the batch's
         minibatch steps (decoupled PPO's proximal policy); data-parallel ranks share the work."""
         return self.compute_logprobs(batch)
-
-    def set_reference(self, path: str | Path) -> None:
-        """Take the KL reference from the model at `path` from now on (loaded on next use)."""
-        self.reference_path = str(path)
-        self._reference = self._reference_compute = None
 
     def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """`[B, T]` logprobs under the frozen reference model (loaded on first use).

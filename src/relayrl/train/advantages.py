@@ -7,17 +7,13 @@ times as much in the baseline as one that took a single turn.
 
 All functions are pure tensor functions; ids are integer tensors (`label_index` turns string ids
 into them). The std is the unbiased one (divisor n - 1), as in GRPO and TRL; a group of one
-episode gets advantage 0.
-
-A uniform group (every episode one reward) has advantage 0 under its own mean and is dropped,
-unless the caller names a baseline for it (`baselines`, e.g. the running mean of the rollout
-controller's `baseline_by`): its episodes then get `reward - baseline`, centred but not scaled (the
-group has no spread to scale by).
+episode gets advantage 0. A uniform group (every episode one reward) has advantage 0 under its
+own mean and is dropped (`drop_uniform_groups`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -175,27 +171,17 @@ class Advantages:
     stats: dict[str, float]
 
 
-def compute_advantages(batch: TrainBatch, cfg: TrainConfig,
-                       baselines: Mapping[str, float] | None = None) -> Advantages:
-    """Advantages per `cfg.advantage_source` ("group": episode rewards; "turn": turn returns);
-    `baselines` (group id -> value) replace the mean of the uniform groups they name."""
+def compute_advantages(batch: TrainBatch, cfg: TrainConfig) -> Advantages:
+    """Advantages per `cfg.advantage_source` ("group": episode rewards; "turn": turn returns)."""
     episode_B = label_index(batch.episode_ids)
     group_B = label_index(batch.group_ids)
     normalize = cfg.adv_norm == "std"
     mask_B_T = batch.loss_mask_B_T
-    held_B = torch.zeros(batch.num_rows, dtype=torch.bool)
     if cfg.advantage_source == "group":
         adv_B = row_advantages(batch.rewards_B, episode_B, group_B, normalize)
         drop_B = uniform_rows(batch.rewards_B, episode_B, group_B)
-        if baselines:
-            adv_B, held_B = _against_baselines(batch, episode_B, group_B, adv_B, drop_B,
-                                               baselines)
-            drop_B = drop_B & ~held_B
         adv_B_T = broadcast_to_tokens(adv_B, mask_B_T)
     else:
-        if baselines:
-            raise InvalidRequest("group baselines need advantage_source='group': a turn's "
-                                 "return has no running mean to be held against")
         adv_B_T, drop_B = _turn_token_advantages(batch, episode_B, group_B, normalize)
     if cfg.drop_uniform_groups:
         mask_B_T = mask_B_T & ~drop_B[:, None]
@@ -209,24 +195,10 @@ def compute_advantages(batch: TrainBatch, cfg: TrainConfig,
         "groups": float(torch.unique(group_E).numel()),
         "uniform_group_frac": float(uniform_groups(rewards_E, group_E).float().mean()),
         "dropped_row_frac": float(drop_B.float().mean()) if cfg.drop_uniform_groups else 0.0,
-        "baseline_row_frac": float(held_B.float().mean()),
         "adv_abs_mean": float((adv_B_T.abs() * trained).sum() / trained.sum().clamp(min=1)),
         "trained_tokens": float(trained.sum()),
     }
     return Advantages(batch=replace(batch, loss_mask_B_T=mask_B_T), adv_B_T=adv_B_T, stats=stats)
-
-
-def _against_baselines(
-    batch: TrainBatch, episode_B: torch.Tensor, group_B: torch.Tensor, adv_B: torch.Tensor,
-    uniform_B: torch.Tensor, baselines: Mapping[str, float],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of the uniform groups `baselines` names get `episode reward - baseline`; returns the
-    advantages and which rows took a baseline."""
-    nan = float("nan")
-    base_B = torch.tensor([baselines.get(g, nan) for g in batch.group_ids], dtype=torch.float32)
-    held_B = uniform_B & ~base_B.isnan()
-    rewards_E, _, row_to_ep_B = episode_rewards(batch.rewards_B, episode_B, group_B)
-    return torch.where(held_B, rewards_E[row_to_ep_B] - base_B, adv_B), held_B
 
 
 def _turn_token_advantages(

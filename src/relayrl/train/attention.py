@@ -4,33 +4,31 @@ and the pieces of unpadded micro-batches (`packing="unpad"`) laid out as rows.
 transformers hands SDPA grouped-query keys and values as they are (`enable_gqa`) only when no
 mask is given; with a mask (a shared prefix's suffixes attend to its cache, which needs one) it
 first copies each key/value head once per query head it serves, and the backward sums the
-copies. SmolLM2 has 3 key/value heads for 9 query heads: on the actor's shapes (16 rows x 192
-tokens attending to 505, bf16, one thread) torch's CPU flash kernel takes 0.088 s for one
-layer's forward and backward with `enable_gqa` against 0.12-0.13 s through the copies, with the
-same output and gradients up to the order of a bf16 sum (measured 2026-11-25). CUDA's flash
-kernels take no mask with `enable_gqa`, so the GPU keeps transformers' own path.
+copies. SmolLM2 has 3 key/value heads for 9 query heads: on the actor's shapes torch's CPU
+flash kernel runs a layer's forward and backward faster with `enable_gqa` than through the
+copies, with the same output and gradients up to the order of a bf16 sum (benchmarks/RESULTS.md).
+CUDA's flash kernels take no mask with `enable_gqa`, so the GPU keeps transformers' own path.
 
 Unpadded micro-batches (`Unpadded`): the actor's products (projections, MLP, head) run on the
 real tokens of a micro-batch's rows end to end, and only attention, a sixth of an fp32 update,
 pays for padding. SDPA has no variable-length form on CPU; a packed row attended through one
-block-diagonal mask would attend every token to every piece (transformers' `pack`, measured 2-5x
-slower), and a call per piece costs ~1,000 small calls an update, so the pieces are copied into
+block-diagonal mask would attend every token to every piece (transformers' `pack`, several
+times slower), and a call per piece costs ~1,000 small calls an update, so the pieces are copied into
 padded rows for the one SDPA call and their outputs gathered back. Where a micro-batch's
 pieces differ much in length (an agent's one-call and two-call episodes) they go in two
 calls instead, each padded to its own bucket's longest (`buckets`): on the main job's piece
-lengths one layer's attention took 1.3-1.6x less time (benchmarks/bench_buckets.py).
+lengths that takes one layer's attention less time (benchmarks/bench_buckets.py).
 
 On CPU a bf16 actor's attention (unpadded pieces, a shared prefix's own pass) runs as explicit
 products (`_MatmulAttention`): the scores and their gradient in fp32, the products with the
 probabilities in bf16, on the bf16 units, with the probabilities kept for the backward. torch's
-CPU flash kernel runs bf16 no faster than fp32 (~150 GFLOP/s on an AVX512-BF16 core pair: it
-does not use the bf16 units), and its bf16 backward does its products through a GEMM that
-allocates on every call from inside its parallel loop, where a training process keeps one glibc
-arena (`relayrl.heap.keep_freed_heap`), so the threads queue for its lock (85-90 ms a layer
-against 41-45 in fp32 on the main job's shapes). The products took one layer's forward and
-backward from 63-73 ms (fp32 flash) to 37 ms, and 23 ms with our kernels for the fp32 products
-and the softmax (`engine/csrc/train_kernels.c`: torch's CPU matmul rounds a bf16 product's
-output to bf16). Where a call's probabilities would exceed `MATMUL_MAX_BYTES`, and for padded
+CPU flash kernel runs bf16 no faster than fp32 (it does not use the bf16 units), and its bf16
+backward does its products through a GEMM that allocates on every call from inside its parallel
+loop, where a training process keeps one glibc arena (`relayrl.heap.keep_freed_heap`), so the
+threads queue for its lock (slower than fp32 on the main job's shapes). The products take a
+layer's forward and backward in about half fp32 flash's time, and less again with our kernels
+for the fp32 products and the softmax (`kernels/csrc/train_kernels.c`: torch's CPU matmul rounds
+a bf16 product's output to bf16); the figures are on benchmarks/RESULTS.md. Where a call's probabilities would exceed `MATMUL_MAX_BYTES`, and for padded
 rows (whose padding queries may see no key), attention runs in fp32 through SDPA, which costs a
 copy of q, k and v and fp32 saved tensors. Scoring without grad takes the same path as the
 update, so that a reference or proximal policy scored apart gives the update's own numbers for
@@ -48,7 +46,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from relayrl.engine.cpu_kernels import train_kernels
+from relayrl.kernels import train_kernels
 
 GQA_SDPA = "relayrl_sdpa_gqa"
 """The name the attention function is registered under with transformers."""
@@ -382,7 +380,7 @@ def _bias(sees: torch.Tensor) -> torch.Tensor:
 
 def _fp32_product(a: torch.Tensor, b: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """`scale * a @ b^T` in fp32 from bf16 operands: our kernel where it is built
-    (engine/csrc/train_kernels.c, at the bf16 units' rate), else an fp32 product of upcast copies."""
+    (kernels/csrc/train_kernels.c, at the bf16 units' rate), else an fp32 product of upcast copies."""
     kernel = train_kernels()
     if kernel is not None and kernel.supports(a, b):
         return kernel.product(a, b, scale)
@@ -415,10 +413,10 @@ class _MatmulAttention(torch.autograd.Function):
     dO v^T` in fp32 (rounded to bf16, the scores cost 2-3x the output's error where they are
     large), the products with the probabilities `P` and with `dS` in bf16, as GPU flash kernels
     do them. The query heads of one key/value head are stacked along the queries, so grouped
-    heads need no copies. Where our kernels are built (engine/csrc/train_kernels.c) the fp32
-    products run on the bf16 units and the softmax and its backward take one pass a row: one
-    layer of the main job's shapes forward and backward in 23 ms, against 63-73 ms for torch's
-    CPU flash kernel in fp32, whose products do not use the bf16 units."""
+    heads need no copies. Where our kernels are built (kernels/csrc/train_kernels.c) the fp32
+    products run on the bf16 units and the softmax and its backward take one pass a row, well
+    ahead of torch's CPU flash kernel in fp32, whose products do not use the bf16 units
+    (benchmarks/RESULTS.md)."""
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

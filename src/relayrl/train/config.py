@@ -29,8 +29,7 @@ class TrainConfig:
     grad_clip: float = 1.0                    # max global grad norm; 0 turns clipping off
     micro_batch_tokens: int = 4096            # token budget of one forward/backward (rows x padded length)
     packing: Literal["unpad", "pad", "pack"] = "unpad"  # unpad: rows end to end, padded only inside attention (needs attn_implementation sdpa); pad: rows of similar length, padded; pack: rows concatenated, block-diagonal mask (flash-attention GPUs)
-    bf16: bool | Literal["auto"] = "auto"     # bf16 compute; auto = on where the CPU has AMX/AVX512-BF16 or the GPU has bf16
-    bf16_mode: Literal["copy", "autocast"] = "copy"  # copy: fwd/bwd on a bf16 copy of the fp32 weights, refreshed after each step; autocast: cast the fp32 weights on every use (slower)
+    bf16: bool | Literal["auto"] = "auto"     # bf16 compute (fwd/bwd on a bf16 copy of the fp32 weights, refreshed after each step); auto = on where the CPU has AMX/AVX512-BF16 or the GPU has bf16
     compile: bool = False                     # torch.compile the decoder layers (dynamic shapes); the first step compiles (~1 min on 2 cores)
     length_bucket: int = 64                   # pad, unpad: micro-batch lengths round up to a multiple of this (stable shapes); 1 = no rounding
     share_prefix: bool = True                 # pad, unpad: rows that start alike (one system prompt, one question) run their common prefix once
@@ -39,8 +38,7 @@ class TrainConfig:
     minibatches: int = 1                      # optimizer steps per rollout batch, each on a part of its rows against the batch's proximal logprobs (>1 makes the PPO clip bite); step and version count batches
     eps_clip_low: float = 0.2                 # ratio may fall to 1 - this before the clip stops the gradient
     eps_clip_high: float = 0.28               # ratio may rise to 1 + this (DAPO's clip-higher keeps exploring)
-    kl_coef: float = 0.0                      # weight of the k3 KL to the reference model; 0 loads no reference
-    kl_reference: Literal["initial", "warm_start"] = "initial"  # the reference: the model as loaded, or the policy after the SFT warm-start
+    kl_coef: float = 0.0                      # weight of the k3 KL to the model as loaded; 0 loads no reference
     sft_replay_coef: float = 0.0              # weight of an SFT loss on `sft_replay_rows` warm-up traces added to every RL step (PPO-ptx); 0 = off
     sft_replay_rows: int = 4                  # warm-up traces drawn for each RL step's SFT loss (with sft_replay_coef > 0)
     loss_agg: LossAgg = "token"               # token: mean over all trained tokens; seq-mean-*: mean over rows
@@ -80,8 +78,6 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.eps_clip_low >= 1:
             raise ConfigError(f"eps_clip_low must be < 1, got {self.eps_clip_low}")
-        if self.kl_reference not in ("initial", "warm_start"):
-            raise ConfigError(f"kl_reference must be initial or warm_start, got {self.kl_reference!r}")
         if self.packing == "unpad" and self.attn_implementation != "sdpa":
             # only relayrl's SDPA function knows where an unpadded micro-batch's rows are
             raise ConfigError(f"packing=unpad needs attn_implementation=sdpa, got "

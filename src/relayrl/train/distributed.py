@@ -43,7 +43,6 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -88,13 +87,6 @@ class Shard:
 @dataclass(frozen=True)
 class _SyncState:
     """Command: take rank 0's weights, optimizer state, step and version."""
-
-
-@dataclass(frozen=True)
-class _SetReference:
-    """Command: score the KL against the model rank 0 saved at `path` (its warm-start)."""
-
-    path: str
 
 
 @dataclass(frozen=True)
@@ -301,13 +293,6 @@ class DistributedActor(Actor):
         self._scatter([_SyncState()] * self.world_size)
         self.sync_state()
 
-    def set_reference(self, path: str | Path) -> None:
-        """Rank 0: take the KL reference from `path`, and have the other ranks take it too (they
-        read the same directory: one machine, or a file system they share)."""
-        if self.is_leader:
-            self._scatter([_SetReference(str(path))] * self.world_size)
-        super().set_reference(path)
-
     def proximal_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """Rank 0, while the others `follow`: the batch's logprobs, each rank scoring whole
         groups of it (the same split as an update's), gathered here."""
@@ -361,8 +346,6 @@ class DistributedActor(Actor):
                 return n
             if isinstance(message, _SyncState):
                 self.sync_state()
-            elif isinstance(message, _SetReference):
-                Actor.set_reference(self, message.path)
             elif isinstance(message, _Score):
                 self._gather_scores(message.batch)
             else:

@@ -6,14 +6,14 @@ mean, add, rsqrt, multiply, a cast down, the weight), SwiGLU two (silu, multiply
 adds as many again going back. On the main job's update each op is a pass over a [1728, 576] or
 [1728, 1536] tensor; one pass each took 0.10-0.22 s off a 3.4 s update on two Zen 5 cores
 (1.03-1.07x over three runs, benchmarks/RESULTS.md, "The update at half the bf16 peak"). The
-kernels (engine/csrc/train_kernels.c) read each input once and round where the bf16 ops round
+kernels (kernels/csrc/train_kernels.c) read each input once and round where the bf16 ops round
 (after the normalisation, after the weight; after silu, after the product), so outputs equal the
 modules' own (bit-equal on the main job's shapes, measured; an exp or a sum a hair apart could
 flip a rounding).
 
 `fuse` replaces the `forward` of those modules of a model with one that takes the kernels for
 contiguous bf16 CPU tensors (hidden size a multiple of 16) and calls the module's own forward for
-anything else; `ENABLED` switches them off at run time (benchmarks compare both). The classes are
+anything else (and everything where the kernels are not built). The classes are
 named, not guessed: an RMSNorm that adds one to its weight (Gemma) or an MLP with another
 activation must not take these.
 
@@ -21,7 +21,7 @@ The rotary embedding is not a module: attention calls its modeling module's
 `apply_rotary_pos_emb` (`q * cos + rotate_half(q) * sin`, five bf16 ops and a concatenation per
 tensor, as many again going back). `fuse` wraps that function, for the whole process, with one
 that takes the kernel for bf16 CPU tensors it takes and hands anything else to the original
-(fp32, another head size or layout, compiled code, `ENABLED` off). Its outputs and gradients
+(fp32, another head size or layout, compiled code, no kernels). Its outputs and gradients
 equal the original's bit for bit (each element is one product or a sum of two, rounded as torch
 rounds them; tested), so other callers in the process get the same numbers. 1.017x the update
 (twelve interleaved rounds; the embedding's whole cost, measured by skipping it, was 1.018x).
@@ -41,10 +41,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from relayrl.engine.cpu_kernels import TrainKernels, train_kernels
-
-ENABLED = True
-"""Whether fused modules take the kernels (else their own forward); read at each call."""
+from relayrl.kernels import TrainKernels, train_kernels
 
 NORM_CLASSES = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"})
 """RMSNorms written as y = weight * bf16(x * rsqrt(mean(x^2) + eps)), computed in fp32."""
@@ -59,8 +56,8 @@ rotate_half(x) * sin`, rotate_half(x) = [-x2, x1], cos and sin unsqueezed at dim
 
 
 def _kernels(*tensors: torch.Tensor) -> TrainKernels | None:
-    """The kernels, where they are on and these tensors are what they take."""
-    if not ENABLED or any(t.dtype != torch.bfloat16 or t.device.type != "cpu" for t in tensors):
+    """The kernels, where they are built and these tensors are what they take."""
+    if any(t.dtype != torch.bfloat16 or t.device.type != "cpu" for t in tensors):
         return None
     return train_kernels()
 

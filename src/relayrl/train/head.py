@@ -2,12 +2,11 @@
 
 An update scores ~1,200 trained tokens against a 49,152-token vocabulary: fp32 logits of 240 MB.
 Autograd's `gather - logsumexp` over them makes several tensors that size, and torch's CPU
-`logsumexp` alone took 0.70 s on one thread for them, against 0.13 s for the in-place passes
-here (max, subtract, exp, sum, divide, a slice of rows at a time so that each pass over a slice
-hits cache). The backward turns the kept probabilities into the logits' gradient in place and
-runs the two matrix products in the hidden state's dtype (bf16 under bf16 compute, as the
-decoder's own backward; the forward's logits stay fp32). Forward and backward on one thread: 1.9 s -> 1.45 s; a whole
-agent-shaped update, 11.3 s -> 10.3 s (best of 4 interleaved rounds, 2026-11-25).
+`logsumexp` alone is several times slower than the in-place passes here (max, subtract, exp,
+sum, divide, a slice of rows at a time so that each pass over a slice hits cache). The backward
+turns the kept probabilities into the logits' gradient in place and runs the two matrix products
+in the hidden state's dtype (bf16 under bf16 compute, as the decoder's own backward; the
+forward's logits stay fp32). What it saves an update: benchmarks/RESULTS.md.
 
 Tradeoff: the probabilities are kept for the backward (the same memory autograd kept for the
 logits) instead of being recomputed, which would cost a third head product; the backward
@@ -22,7 +21,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from relayrl.engine.cpu_kernels import train_kernels
+from relayrl.kernels import train_kernels
 
 CHUNK_BYTES = 8 << 20
 """Bytes of fp32 logits processed per slice of rows: small enough to stay in the last-level cache."""
@@ -34,7 +33,7 @@ def _logits(hidden_N_H: torch.Tensor, weight_V_H: torch.Tensor) -> torch.Tensor:
         kernel = train_kernels()
         if kernel is not None and kernel.supports(hidden_N_H, weight_V_H):
             # bf16 hidden states, an fp32 head: the weight as two bf16 terms on the bf16 units
-            # (engine/csrc/train_kernels.c), logits within ~1e-5 of the fp32 product at 2.2x its speed
+            # (kernels/csrc/train_kernels.c), logits within ~1e-5 of the fp32 product at 2.2x its speed
             return kernel.product(hidden_N_H, weight_V_H)
         return hidden_N_H.float() @ weight_V_H.t()
     # a bf16 head: its logits are rounded as the head's dtype rounds them, then widened

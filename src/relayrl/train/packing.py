@@ -17,8 +17,7 @@ Three layouts, all exact (a test checks each against one-row-at-a-time logprobs)
 - `pack`: rows concatenated into one sequence with position ids restarting at 0 per row;
   transformers (5.x) detects the restarts and builds a block-diagonal mask, so rows do not see
   each other. On flash-attention GPUs this wastes nothing; on CPU the masked attention falls
-  back to the dense kernel and was measured 2-5x slower than `pad` (SmolLM2, 2048 tokens of 8
-  rows: 16 s vs 3 s for fwd+bwd), hence `pad` by default.
+  back to the dense kernel and is several times slower than `pad`, hence not the default.
 
 `pad` or `unpad` with `share_prefix` (the default in `TrainConfig`): rows that start with the same tokens
 (an agent's episodes: one system prompt and tool list, and in a GRPO group one question) are cut
@@ -63,7 +62,7 @@ class TrainBatch:
     """Right-padded rows: tokens, what to train, behaviour logprobs, rewards and labels.
 
     `behav_logprobs_B_T[b, t]` is the engine's log p(token t | tokens < t) at temperature 1, on
-    trained tokens (0 elsewhere), the convention of seed 004's tensor dicts.
+    trained tokens (0 elsewhere), the convention of the workflows' tensor dicts.
     """
 
     input_ids_B_T: torch.Tensor
@@ -126,7 +125,7 @@ class TrainBatch:
         episode_ids: Sequence[str],
         group_ids: Sequence[str],
     ) -> TrainBatch:
-        """From a seed-004 tensor dict (input_ids, attention_mask, loss_mask, logprobs, versions,
+        """From a workflow's tensor dict (input_ids, attention_mask, loss_mask, logprobs, versions,
         rewards) and per-row episode and group ids; loss_mask and logprobs are required here."""
         missing = [k for k in ("input_ids", "attention_mask", "loss_mask", "logprobs")
                    if k not in tensors]

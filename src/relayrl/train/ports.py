@@ -6,6 +6,10 @@ fed by external agents) hands it a `Launcher`: given the actor, it starts what s
 policy and returns `Services`: an engine the trainer pushes weights to, and a way to get batches
 of rows for a workflow. A new way to run relayrl is a new launcher; this file does not change.
 
+Some engines share this process's cores with the trainer's updates (an in-process engine); the
+trainer learns of them only through the optional protocols below (`SharesCores`,
+`ThreadedEngine`, `BusyEngine`), never by reaching into an engine.
+
 Imports: rollout (for the batch record and its config) and typing only.
 """
 
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -50,6 +54,24 @@ class WeightSink(Protocol):
     async def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> Any: ...
 
 
+@runtime_checkable
+class ThreadedEngine(Protocol):
+    """An engine that computes on this process's cores, on a number of torch threads it can change."""
+
+    @property
+    def num_threads(self) -> int: ...
+
+    def set_threads(self, threads: int | None) -> None: ...
+
+
+@runtime_checkable
+class BusyEngine(Protocol):
+    """An engine that says how many requests it has queued or running."""
+
+    @property
+    def active(self) -> int: ...
+
+
 class BatchSource(Protocol):
     """Batches of whole groups of rows (a `RolloutController` is one)."""
 
@@ -70,6 +92,24 @@ class Services(Protocol):
                 version_fn: Callable[[], int]) -> BatchSource: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class SharesCores(Protocol):
+    """Services whose engines compute in this process: the torch threads they run on."""
+
+    @property
+    def engine_threads(self) -> int: ...
+
+
+def engine_threads(services: Services) -> int:
+    """Torch threads of the services' in-process engines (0 when they compute elsewhere)."""
+    return int(services.engine_threads) if isinstance(services, SharesCores) else 0
+
+
+def engine_busy(engine: WeightSink) -> bool:
+    """Whether the engine says it has requests queued or running (False if it cannot say)."""
+    return isinstance(engine, BusyEngine) and engine.active > 0
 
 
 class Launcher(Protocol):

@@ -9,8 +9,8 @@ so rollouts for the next batch keep sampling: asynchronous, bounded by `max_stal
 the same weights, so the first batch is sampled while the eval runs. Everything else here is
 set-up and tear-down.
 
-Imports: train, rollout (records and config), trajectory, models. Never engine, gateway or
-client: those belong to the launcher.
+Imports: train, rollout (records and config), trajectory, models, kernels (the core count).
+Never engine, gateway or client: those belong to the launcher.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from relayrl.engine.local import usable_cores
 from relayrl.errors import ConfigError
+from relayrl.kernels import usable_cores
 from relayrl.models import model_path
 from relayrl.rollout import Batch, RolloutController
 from relayrl.train.actor import Actor
@@ -41,7 +41,15 @@ from relayrl.train.distributed import DistributedActor, join_process_group
 from relayrl.train.losses import SUM_STATS, merge_stats
 from relayrl.train.metrics import MetricsLogger, episode_metrics, trained_tokens
 from relayrl.train.packing import TrainBatch, minibatch_rows
-from relayrl.train.ports import BatchSource, Launcher, Services, TrainerSettings
+from relayrl.train.ports import (
+    BatchSource,
+    Launcher,
+    Services,
+    ThreadedEngine,
+    TrainerSettings,
+    engine_busy,
+    engine_threads,
+)
 from relayrl.train.sft import run_sft
 from relayrl.trajectory.atif import read_sft_rows
 from relayrl.trajectory.batch import RowBatch
@@ -235,17 +243,10 @@ class PPOTrainer:
         if cfg.train.world_size > 1:
             cls, device = DistributedActor, str(join_process_group(cfg.train.world_size))
         last = latest_checkpoint(cfg.checkpoint_dir)
-        if last is not None:  # the KL reference is the original model (or the warm-start's)
-            warmed = warm_start_dir(cfg)
-            reference = (str(warmed) if cfg.train.kl_reference == "warm_start"
-                         and (warmed / "config.json").exists() else model_path(cfg.model))
-            return cls.resume(last, cfg.train, device=device, reference_path=reference)
+        if last is not None:  # the KL reference is the original model
+            return cls.resume(last, cfg.train, device=device,
+                              reference_path=model_path(cfg.model))
         return cls(model_path(cfg.model), cfg.train, device=device)
-
-
-def warm_start_dir(cfg: TrainerSettings) -> Path:
-    """Where the policy after the SFT warm-start is kept when it is the KL reference."""
-    return cfg.checkpoint_dir / "warm_start"
 
 
 def _device() -> str:
@@ -324,7 +325,7 @@ class _Run:
         cores = usable_cores()
         if phase == "sft":
             return cores
-        return max(1, cores - int(getattr(self.services, "engine_threads", 0)))
+        return max(1, cores - engine_threads(self.services))
 
     def _controller(self, workflow: Any, kwargs: dict[str, Any] | None,
                     dataset: Sequence[dict[str, Any]], is_eval: bool,
@@ -334,7 +335,7 @@ class _Run:
             rollout = replace(rollout, seed=self.cfg.seed)
         if is_eval:
             rollout = replace(rollout, group_size=1, batch_size=len(dataset), epochs=1,
-                              shuffle=False, stratify_by=None, baseline_by=None, is_eval=True,
+                              shuffle=False, is_eval=True,
                               max_staleness=0,
                               max_concurrent_rollouts=self.cfg.eval.max_concurrent
                               or rollout.max_concurrent_rollouts)
@@ -351,10 +352,6 @@ class _Run:
         sft_log.close()
         if isinstance(self.actor, DistributedActor):
             self.actor.sync_followers()  # SFT ran on rank 0 alone
-        train = self.cfg.train
-        if train.kl_coef > 0 and train.kl_reference == "warm_start":
-            # on disk, so a resumed run scores against the same model (`_make_actor`)
-            self.actor.set_reference(self.actor.save(warm_start_dir(self.cfg)))
         await self.services.engine.update_weights(self.actor.state_dict_for_engine(),
                                                   version=self.actor.version)
 
@@ -401,16 +398,16 @@ class _Run:
     def _engine_takes_update_cores(self) -> Iterator[None]:
         """An in-process engine runs on its threads plus the RL update's while no update runs
         (an eval, or the RL loop awaiting a batch, leaves the update thread idle)."""
-        set_threads = getattr(self.services.engine, "set_threads", None)
-        own = int(getattr(self.services.engine, "num_threads", 0) or 0)
-        if set_threads is None or own < 1:
+        engine = self.services.engine
+        own = int(engine.num_threads or 0) if isinstance(engine, ThreadedEngine) else 0
+        if not isinstance(engine, ThreadedEngine) or own < 1:
             yield
             return
-        set_threads(own + self.threads("rl"))
+        engine.set_threads(own + self.threads("rl"))
         try:
             yield
         finally:
-            set_threads(None)
+            engine.set_threads(None)
 
     @contextlib.asynccontextmanager
     async def _lend_idle_engine_cores(
@@ -423,7 +420,7 @@ class _Run:
         on the loop (the update thread only reads an int).
         """
         lent = _Lent()
-        extra = int(getattr(self.services, "engine_threads", 0))
+        extra = engine_threads(self.services)
         train = self.cfg.train
         if (rollouts_running is None or extra < 1 or train.num_threads is not None
                 or not train.lend_engine_cores):
@@ -434,7 +431,7 @@ class _Run:
 
         async def watch() -> None:
             while True:
-                idle = rollouts_running() == 0 and not getattr(engine, "active", 0)
+                idle = rollouts_running() == 0 and not engine_busy(engine)
                 if idle != (lent.since is not None):
                     lent.toggle(time.perf_counter())
                     actor.threads_wanted = threads + extra if idle else threads
@@ -557,7 +554,7 @@ class _Run:
         """
         started = time.perf_counter()
         tb = TrainBatch.from_row_batch(batch.rows)
-        adv = compute_advantages(tb, self.cfg.train, batch.baselines)
+        adv = compute_advantages(tb, self.cfg.train)
         version = self.actor.version
         # rollouts keep sampling with the old weights while the update runs in a thread
         async with self._lend_idle_engine_cores(rollouts_running) as lent:
@@ -576,10 +573,6 @@ class _Run:
             adv.stats, rows=float(tb.num_rows),
             aborted_episodes=float(stats.aborted), rejected_episodes=float(stats.rejected),
             set_aside_groups=float(stats.groups_set_aside),
-            discarded_groups=float(stats.groups_discarded),
-            baseline_groups=float(stats.groups_baselined),
-            grown_groups=float(stats.groups_grown),
-            grown_signal_groups=float(stats.grown_groups_with_signal),
             step_s=step_s, trained_tokens_per_s=trained_tokens(batch.rows) / max(step_s, 1e-9),
         )
         metrics.update(episode_metrics(batch.rows))
@@ -671,8 +664,7 @@ def _counters_text(counters: dict[str, float]) -> str:
 
 def _print_step(step: int, total: int, m: dict[str, float]) -> None:
     keys = ("reward_mean", "loss", "approx_kl", "clip_frac", "tool_call_rate",
-            "trained_tokens_per_s", "step_s", "set_aside_groups", "discarded_groups",
-            "baseline_groups", "grown_groups", "grown_signal_groups")
+            "trained_tokens_per_s", "step_s", "set_aside_groups")
     shown = " ".join(f"{k}={m[k]:.3g}" for k in keys  # group counts: 0 unless sampling adapts
                      if k in m and (m[k] or not k.endswith("_groups")))
     counters = _counters_text({k[len(WORKFLOW_PREFIX):]: v for k, v in m.items()

@@ -95,7 +95,7 @@ class CreditRule(StrEnum):
 
 
 DEFAULT_CREDIT_RULE = CreditRule.DISCOUNT
-"""The rule used when none is named (the seeds' backward discount)."""
+"""The rule used when none is named (the backward discount)."""
 
 
 def _check_gamma(gamma: float) -> None:
@@ -104,7 +104,7 @@ def _check_gamma(gamma: float) -> None:
 
 
 def discounted_tree(tree: CallTree, gamma: float) -> dict[str, float]:
-    """Seed rule, leaves first: reward(call) = own + gamma * mean(reward(children))."""
+    """The backward discount, leaves first: reward(call) = own + gamma * mean(reward(children))."""
     _check_gamma(gamma)
     credited: dict[str, float] = {}
     for n in reversed(tree.order):  # reverse topological: every child is done before its parent

@@ -212,7 +212,7 @@ def _call_meta(calls: Sequence[Interaction]) -> dict[str, list[Any]]:
 
 
 def to_tensor_dict(rows: Sequence[TrajectoryRow]) -> dict[str, torch.Tensor]:
-    """Right-padded B x T tensors in the seed's dtypes (input_ids int32, masks, rewards [B])."""
+    """Right-padded B x T tensors in the tensor-dict format's dtypes (input_ids int32, masks, rewards [B])."""
     import torch  # lazy: the gateway imports this package without torch
 
     if not rows:

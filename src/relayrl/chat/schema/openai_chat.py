@@ -151,7 +151,7 @@ class ChatCompletionRequest(WireModel):
     top_k: StrictInt | None = None  # extension (vLLM, SGLang): -1 or 0 turns top-k off
     chat_template_kwargs: dict[str, Any] | None = None  # extension (vLLM, SGLang)
     return_token_ids: bool | None = None  # extension (vLLM): answer with token_ids
-    rollout_id: str | None = None  # extension (remote rollout protocol, seed 002)
+    rollout_id: str | None = None  # extension (remote rollout protocol)
     response_mask: list[int] | None = None  # extension (remote rollout protocol): checked
 
 

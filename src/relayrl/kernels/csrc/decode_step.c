@@ -14,7 +14,7 @@
  * Packed weight of an [N, K] product (N % 16 == 0, K % 2 == 0): [N/16][K/2][16][2], i.e.
  * element (n, k) at ((n / 16) * (K / 2) + k / 2) * 32 + (n % 16) * 2 + k % 2.
  *
- * Built with -march=native -fopenmp on first use (engine/cpu_kernels.py); the products split
+ * Built with -march=native -fopenmp on first use (kernels/cpu.py); the products split
  * their output blocks over `threads` OpenMP threads (torch's own runtime, already loaded).
  */
 #include <math.h>

@@ -1,8 +1,8 @@
-"""Seed 003's own example agent, copied verbatim, runs unchanged inside AgentSession/AgentRunner.
+"""The manual-trajectory example agent runs unchanged inside AgentSession/AgentRunner.
 
-`MyAgent` below is the seed's code character for character (aiohttp on OPENAI_BASE_URL with no
-key, `/v1/chat/completions`, `/rl/v1/set_reward` with `completion_id`, `/rl/v1/finalize`). Only
-`dataset` and the epoch count are ours.
+`MyAgent` below is a user's agent exactly as the session API's example writes it (aiohttp on
+OPENAI_BASE_URL with no key, `/v1/chat/completions`, `/rl/v1/set_reward` with `completion_id`,
+`/rl/v1/finalize`). Only `dataset` and the epoch count are ours.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from relayrl.trajectory import SessionState
 from tests.gateway.conftest import ADMIN, Gateway
 
 
-# ---- verbatim from seed 003 ("Example: Manual Trajectory Management") ------------------------
+# ---- the example agent, as written ("Example: Manual Trajectory Management") -----------------
 class MyAgent:
     async def run(self, prompt):
         url = os.environ['OPENAI_BASE_URL']
@@ -47,16 +47,16 @@ class MyAgent:
             await session.post("/rl/v1/finalize", json={
                 "final_reward": 1.0
             })
-# ---- end of the seed's code -------------------------------------------------------------------
+# ---- end of the example's code ----------------------------------------------------------------
 
 dataset = ["What is 2 + 2?", "Name a prime number.", "Spell 'cat'."]
 
 
 @pytest.fixture
-def seed_env(open_svc: Gateway, monkeypatch: pytest.MonkeyPatch) -> Gateway:
+def example_env(open_svc: Gateway, monkeypatch: pytest.MonkeyPatch) -> Gateway:
     for name in ("RELAYRL_URL", "RELAYRL_API_KEY", "OPENAI_API_KEY"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("OPENAI_BASE_URL", open_svc.url)  # as the seed's __main__ does
+    monkeypatch.setenv("OPENAI_BASE_URL", open_svc.url)  # as the example's __main__ does
     monkeypatch.setenv("RELAYRL_API_KEY", ADMIN)  # the service's key, from its key file
     return open_svc
 
@@ -71,36 +71,36 @@ def check_trajectories(gw: Gateway, expected: int) -> None:
         assert call.conversation.messages[0].content in dataset
 
 
-async def test_seed_manual_example_runs_unchanged_inside_agent_session(seed_env: Gateway) -> None:
-    # the seed's run_training, two epochs instead of five
+async def test_the_manual_example_runs_unchanged_inside_agent_session(example_env: Gateway) -> None:
+    # the example's run_training, two epochs instead of five
     async def run_training():
-        for epoch in range(2):  # noqa: B007 (the seed's loop, as written)
+        for epoch in range(2):  # noqa: B007 (the example's loop, as written)
             for prompt in dataset:
                 # All requests within this context are grouped into a single trajectory
                 async with AgentSession():
                     await MyAgent().run(prompt)
 
     await run_training()
-    check_trajectories(seed_env, 2 * len(dataset))
+    check_trajectories(example_env, 2 * len(dataset))
 
 
-async def test_seed_batch_example_runs_unchanged_with_agent_runner(seed_env: Gateway) -> None:
+async def test_the_batch_example_runs_unchanged_with_agent_runner(example_env: Gateway) -> None:
     async def run_training():
-        for epoch in range(2):  # noqa: B007 (the seed's loop, as written)
+        for epoch in range(2):  # noqa: B007 (the example's loop, as written)
             # AgentRunner handles trajectory management automatically
             await AgentRunner().run(MyAgent().run, dataset)
 
     await run_training()
-    check_trajectories(seed_env, 2 * len(dataset))
+    check_trajectories(example_env, 2 * len(dataset))
 
 
-async def test_outside_a_session_the_seed_agent_records_nothing(seed_env: Gateway) -> None:
+async def test_outside_a_session_the_example_agent_records_nothing(example_env: Gateway) -> None:
     # without AgentSession the agent has no session key: the gateway (which has an admin key)
-    # refuses even its completion with a 401, whose body has no "id", so the seed's code fails
-    # on it; nothing is recorded, which is why the seed wraps it
+    # refuses even its completion with a 401, whose body has no "id", so the example's code
+    # fails on it; nothing is recorded, which is why the example wraps it
     with pytest.raises(KeyError):
         await MyAgent().run(dataset[0])
-    assert list(seed_env.deps.store) == []
+    assert list(example_env.deps.store) == []
 
 
 def test_the_example_in_docs_service_md_runs_as_an_external_process(open_svc: Gateway) -> None:

@@ -18,7 +18,7 @@
  * feeds four products, each load of `w` six). Units are split over `threads` OpenMP threads,
  * each with its own slice of `pack` (allocated by the caller: no malloc in the parallel loop).
  *
- * Built with -march=native -fopenmp on first use (engine/cpu_kernels.py).
+ * Built with -march=native -fopenmp on first use (kernels/cpu.py).
  */
 #include <math.h>
 #include <stdint.h>

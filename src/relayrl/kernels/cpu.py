@@ -1,4 +1,4 @@
-"""CPU kernels torch lacks for decoding, compiled from `csrc/` on first use and loaded with ctypes.
+"""The compiled CPU kernels, built from `csrc/` on first use and loaded with ctypes.
 
 - `decode_attention_kernel()` (`csrc/decode_attention.c`): torch's CPU flash attention is built
   for long query blocks; at decode there are a few query rows per key/value head and its blocks
@@ -6,9 +6,9 @@
   attention kernels for the same reason.
 - `decode_step_kernel()` (`csrc/decode_step.c`): a whole bf16 decode step of a Llama-family
   model in one call. At decode batch sizes a step in torch is ~35 small ops a layer whose
-  dispatch cost more than their arithmetic (one row: 28 ms a step, of which the products ~12);
-  this step runs the products on weights packed for AVX512-BF16 and does the rest in between,
-  in C. The products split their outputs over OpenMP threads (torch's own runtime).
+  dispatch costs more than their arithmetic (benchmarks/RESULTS.md); this step runs the products
+  on weights packed for AVX512-BF16 and does the rest in between, in C. The products split their
+  outputs over OpenMP threads (torch's own runtime).
   `decode_step_kernel(torch.float32)` (`csrc/decode_step_f32.c`) is the same step in fp32 for
   AVX2 + FMA, attention included: on CPUs without bf16 units the engine runs models in fp32.
 - `train_kernels()` (`csrc/train_kernels.c`), for the trainer: `a @ w.T` of bf16 operands with
@@ -18,11 +18,13 @@
 
 We build them the way torch's inductor builds its CPU code: the machine's C compiler with
 `-march=native`, once per source and CPU, cached under `$RELAYRL_HOME/kernels/`. Where there is
-no compiler, no AVX-512 (AVX512-BF16 for the bf16 step, AVX2 + FMA for the fp32 one), or the
-build fails, the functions return None and callers keep torch's ops, so nothing depends on a
-kernel being there.
+no compiler, no AVX-512 (AVX512-BF16 for the bf16 step, AVX2 + FMA for the fp32 one), the build
+fails, or `RELAYRL_NO_CPU_KERNELS` is set (to any non-empty value), the functions return None
+and callers keep torch's ops, so nothing depends on a kernel being there.
 
 ctypes drops the GIL for the call, so the engine thread's kernel time is free for the gateway.
+
+Imports: models (for `relay_home`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@
  * ((n / 8) * K + k) * 8 + n % 8: one 32-byte load is eight outputs' weights for one input, so
  * a broadcast input feeds eight products with no horizontal sum.
  *
- * Built with -march=native -fopenmp on first use (engine/cpu_kernels.py); the products split
+ * Built with -march=native -fopenmp on first use (kernels/cpu.py); the products split
  * their output blocks over `threads` OpenMP threads.
  */
 #include <math.h>
