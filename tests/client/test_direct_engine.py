@@ -1,9 +1,9 @@
-"""`DirectClient(engine=engine, tokenizer=tokenizer)` inside `arun_episode`, as the seeds write
+"""`DirectClient(engine=engine, tokenizer=tokenizer)` inside `arun_episode`, as AReaL's docs write
 the direct approach: plain (un-awaited) reward setters, `apply_reward_discount`, and
 `export_interactions` returned from the episode for the trainer.
 
 FakeEngine behind a loopback gateway; the real model runs the same in
-tests/workflow/test_seed_workflows_train.py."""
+tests/workflow/test_areal_workflows_train.py."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def compute_reward(response, answer) -> float:
 
 
 class MyWorkflow(RolloutWorkflow):
-    """Seed 000's direct approach, as written there (`ArealOpenAI` is relayrl's DirectClient)."""
+    """AReaL's direct approach, as written there (`ArealOpenAI` is relayrl's DirectClient)."""
 
     def __init__(self, tokenizer=None):
         self.tokenizer = tokenizer
@@ -96,7 +96,7 @@ async def test_the_seeds_direct_workflow_trains_through_the_launchers_rollouts(
 
 
 async def test_plain_reward_setters_discount_and_export_a_dict_keyed_by_id(engine) -> None:
-    """Seed 001's CAMEL steps by hand: two turns, rewards set without await, discount 0.9."""
+    """AReaL's CAMEL steps by hand: two turns, rewards set without await, discount 0.9."""
     client = DirectClient(engine=engine)  # the tokenizer is optional: the model's own is used
     msgs = [{"role": "user", "content": "hello"}]
     r1 = await client.chat.completions.create(model="default", messages=msgs)

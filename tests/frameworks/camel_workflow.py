@@ -1,4 +1,4 @@
-"""Seed 001's CAMEL workflow (steps 3-5), as written there with relayrl's names: `ArealOpenAI`
+"""AReaL's CAMEL workflow (steps 3-5), as written there with relayrl's names: `ArealOpenAI`
 is relayrl's DirectClient, and CAMEL's own `OpenAICompatibleModel` takes it as its async client
 (relayrl has no CAMEL model class of its own). Runs one episode through relayrl's episode runner
 against the gateway at argv[1] and prints the outcome as JSON. Run in `.venv-camel`."""

@@ -1,4 +1,4 @@
-"""Seed 001's CAMEL `RolloutWorkflow`: a ChatAgent on a DirectClient made from the engine inside
+"""AReaL's CAMEL `RolloutWorkflow`: a ChatAgent on a DirectClient made from the engine inside
 `arun_episode`, plain `set_last_reward`, discount, export returned to the episode runner. CAMEL
 runs in its own environment (see test_camel.py), against a scripted gateway on loopback."""
 

@@ -1,4 +1,4 @@
-"""The response_mask bookkeeping of `RolloutSession` (seed 002's walk-through)."""
+"""The response_mask bookkeeping of `RolloutSession` (the protocol's walk-through)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .conftest import tool_call_text
 
 
 class CountingTokenizer:
-    """Seed 002's abstract walk-through: 5 prompt tokens, then 13 once the reply and tool joined."""
+    """The protocol's abstract walk-through: 5 prompt tokens, then 13 once the reply and tool joined."""
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], tools=None,
                             add_generation_prompt: bool = True) -> list[int]:

@@ -1,8 +1,8 @@
-"""The run's engine reaches every `arun_episode`: a seed-004 custom workflow (tokenise, generate
+"""The run's engine reaches every `arun_episode`: an AReaL-style custom workflow (tokenise, generate
 with the engine, build the tensor dict) runs through the launcher's rollout path as written.
 
 FakeEngine behind a loopback gateway (what is tested is the wiring and the adapter; the real
-model runs the same workflow in test_seed_workflows_train.py)."""
+model runs the same workflow in test_areal_workflows_train.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from tests.gateway.conftest import ADMIN, Gateway, fake_gateway
 
 
 class MyWorkflow(RolloutWorkflow):
-    """Seed 004's custom workflow, as written there (imports mapped to relayrl's)."""
+    """AReaL's custom workflow, as written there (imports mapped to relayrl's)."""
 
     def __init__(self, tokenizer, gconfig, **kwargs):
         self.tokenizer = tokenizer
@@ -101,7 +101,7 @@ def _rollout(**kw: Any) -> RolloutConfig:
     return RolloutConfig(**{**base, **kw})
 
 
-async def test_the_seed_004_workflow_generates_with_the_runs_engine(
+async def test_the_tensor_dict_workflow_generates_with_the_runs_engine(
         gateway: Gateway, model_dir: str, tokenizer: Any) -> None:
     gateway.script.replies[:] = ["4", "5", "4", "4"]
     await gateway.deps.engine.update_weights({}, version=3)  # the weights the engine serves

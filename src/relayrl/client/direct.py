@@ -1,6 +1,6 @@
 """`DirectClient`: a real `openai.AsyncOpenAI` bound to one gateway session, made from an engine.
 
-For code that hands a client object to its agent (seed 000's "direct approach"):
+For code that hands a client object to its agent (AReaL's "direct approach"):
 `DirectClient(engine=engine, tokenizer=tokenizer)` inside `arun_episode`, where `engine` is the
 `RunEngine` the episode was handed. Every call goes through the run's gateway (same routes,
 renderer and session as an agent over HTTP), so it is recorded token-exact with the engine's

@@ -1,4 +1,4 @@
-"""Answer a prompt with a trained checkpoint (seed 003, phase 3: use the trained model).
+"""Answer a prompt with a trained checkpoint (the service's last phase: use the trained model).
 
 A launcher-level helper: it builds an engine. Imports: chat, engine, train (checkpoint paths).
 """

@@ -38,7 +38,7 @@ from relayrl.train.actor import Actor
 from relayrl.workflow import AgentConfig, RolloutWorkflow, resolve_workflow, tokenizer_decoder
 
 REMOTE = "remote"
-"""`workflow: remote`: episodes run by an external rollout server (seed 002); the workflow
+"""`workflow: remote`: episodes run by an external rollout server (the remote rollout protocol); the workflow
 kwargs name its `server_url` and options."""
 
 

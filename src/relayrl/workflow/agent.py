@@ -64,7 +64,7 @@ class AgentMode(StrEnum):
 
     @classmethod
     def _missing_(cls, value: object) -> AgentMode | None:
-        # seed 000 spells the subprocess mode `subproc`; both name the same thing
+        # AReaL spells the subprocess mode `subproc`; both name the same thing
         return cls.SUBPROCESS if value == "subproc" else None
 
 

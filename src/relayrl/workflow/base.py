@@ -1,6 +1,6 @@
 """`RolloutWorkflow`: one episode from one data item, and what an episode may return.
 
-An episode returns a tensor dict (seed 004's fields), a dict of `TrajectoryRow`s keyed by
+An episode returns a tensor dict (the RolloutWorkflow tensor format), a dict of `TrajectoryRow`s keyed by
 interaction id (what the gateway exports), or `None` to reject itself. `to_rows` turns any of
 these into one labelled `RowBatch` (torch-free rows), so everything after the episode (grouping,
 batching, dumps, the trainer) handles a single form and nothing is lost on the way. Exceptions are not a return value: an episode that raises is

@@ -1,6 +1,6 @@
 """Trajectory dumps: every accepted group's rows as JSON Lines, for reading what the policy did.
 
-Layout (seed 004): `{fileroot}/{experiment}/{trial}/{rollout|eval-rollout}/{version}/{task_id}.jsonl`,
+Layout (as AReaL's trajectory dumps): `{fileroot}/{experiment}/{trial}/{rollout|eval-rollout}/{version}/{task_id}.jsonl`,
 one line per row with `task_id, sample_idx, seqlen, prompt_len, head_version, tail_version,
 reward, prompt, completion` (plus `episode_id` and `group_id`). `prompt` is the text before the
 row's first trained token, `completion` the rest (tool results and later turns included). Each

@@ -5,7 +5,7 @@ rows), *rejected* (it returned None or nothing) or *aborted* (it raised, timed o
 something malformed). Aborted episodes keep their error and are never turned into rows.
 
 `GroupedWorkflow` runs the same data `group_size` times concurrently, each member under its own
-workflow context, and merges as seed 004 says: tensor dicts are concatenated with padding,
+workflow context, and merges as AReaL's grouped rollouts do: tensor dicts are concatenated with padding,
 interaction dicts are merged, Nones are dropped and an all-None group is None. Every row keeps
 the ids of its episode and its group (tensor labels, or row metadata).
 """
@@ -134,7 +134,7 @@ def _label_row(row: TrajectoryRow, ctx: EpisodeContext) -> TrajectoryRow:
 
 
 def merge_results(results: Sequence[EpisodeResult]) -> EpisodeResult:
-    """Seed 004's merge: drop Nones; merge interaction dicts; concatenate tensor dicts."""
+    """The grouped merge: drop Nones; merge interaction dicts; concatenate tensor dicts."""
     valid = [r for r in results if r is not None and not (isinstance(r, Mapping) and not r)]
     if not valid:
         return None

@@ -1,4 +1,4 @@
-"""Tensor dicts (seed 004's training format): validation, per-row labels, padded concatenation,
+"""Tensor dicts (AReaL's RolloutWorkflow training format): validation, per-row labels, padded concatenation,
 and their conversion to `TrajectoryRow`s, the form everything after an episode handles.
 
 A tensor dict maps field names to `[B, T]` (or `[B]`) tensors. Two optional *label* fields,
@@ -153,7 +153,7 @@ def _pad_to(x: torch.Tensor, t: int, value: float | int | bool) -> torch.Tensor:
 
 def rows_from_tensor_dict(td: Mapping[str, Any], episode_id: str,
                           task_id: str | None = None) -> list[TrajectoryRow]:
-    """A validated tensor dict as `TrajectoryRow`s: the edge where seed-004 tensors become rows.
+    """A validated tensor dict as `TrajectoryRow`s: the edge where tensor dicts become rows.
 
     Each row keeps its real tokens (the attention mask's prefix); its turns are the runs of
     trained tokens, each credited with the row's reward. Fields the dict lacks are filled with

@@ -1,5 +1,5 @@
-"""One real training step of each of the seeds' custom-workflow shapes, on the default model:
-seed 004's (the engine generates from token ids) through `relayrl.launch.train`, and the direct
+"""One real training step of each of the AReaL's custom-workflow shapes, on the default model:
+the tensor-dict one (the engine generates from token ids) through `relayrl.launch.train`, and the direct
 approach (DirectClient made from the engine inside `arun_episode`) through `relayrl train`."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ trial_name: {trial}
 fileroot: {root}
 seed: 3
 model: smollm2-135m-instruct
-workflow: seed_workflows.DirectWorkflow
+workflow: areal_workflows.DirectWorkflow
 data:
   train: {data}
 rollout:
@@ -80,11 +80,11 @@ def test_relayrl_train_runs_a_direct_client_workflow_for_a_real_step(tmp_path: P
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["local", "ray"])
-def test_a_seed_004_workflow_trains_a_real_step_with_the_runs_engine(tmp_path: Path,
+def test_a_tensor_dict_workflow_trains_a_real_step_with_the_runs_engine(tmp_path: Path,
                                                                     launcher: str) -> None:
-    cfg = _config(tmp_path, "seed004")
+    cfg = _config(tmp_path, "tensor_dict")
     cfg.write_text(cfg.read_text() + f"launcher: {launcher}\n")
-    script = tmp_path / "train_seed004.py"
+    script = tmp_path / "train_tensor_dict.py"
     script.write_text(
         "import json, sys\n"
         "from transformers import AutoTokenizer\n"
@@ -92,7 +92,7 @@ def test_a_seed_004_workflow_trains_a_real_step_with_the_runs_engine(tmp_path: P
         "from relayrl.launch.run import train\n"
         "from relayrl.models import model_path\n"
         "from relayrl.workflow import GenerationHyperparameters\n"
-        "from seed_workflows import MyWorkflow\n"
+        "from areal_workflows import MyWorkflow\n"
         "cfg = load_config(RelayConfig, sys.argv[1])\n"
         "tokenizer = AutoTokenizer.from_pretrained(model_path(cfg.model))\n"
         "items = [json.loads(x) for x in open(cfg.data.train)]\n"
@@ -103,14 +103,14 @@ def test_a_seed_004_workflow_trains_a_real_step_with_the_runs_engine(tmp_path: P
                           text=True, timeout=900, cwd=tmp_path, env=_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "steps 1" in proc.stdout
-    step = _one_step(_run_dir(tmp_path, "seed004"))
+    step = _one_step(_run_dir(tmp_path, "tensor_dict"))
     assert step["n_tokens"] > 0
 
 
 @pytest.mark.slow
 def test_a_run_whose_episodes_start_failing_stops_and_keeps_what_it_wrote(tmp_path: Path) -> None:
     cfg = _config(tmp_path, "failing")
-    overrides = ["workflow=seed_workflows.FailsAfterFirstGroup", "train.total_steps=3",
+    overrides = ["workflow=areal_workflows.FailsAfterFirstGroup", "train.total_steps=3",
                  "train.checkpoint_every=1"]
     proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "train", str(cfg), *overrides],
                           capture_output=True, text=True, timeout=900, cwd=tmp_path, env=_env())
@@ -118,7 +118,7 @@ def test_a_run_whose_episodes_start_failing_stops_and_keeps_what_it_wrote(tmp_pa
     error = next(line for line in proc.stderr.splitlines() if line.startswith("relayrl: error:"))
     assert "4 episodes in a row aborted" in error  # the count
     assert "RuntimeError: tool server down" in error  # the exception: type and message
-    assert "seed_workflows.py:" in error and "in arun_episode" in error  # where
+    assert "areal_workflows.py:" in error and "in arun_episode" in error  # where
     assert "rollout.max_consecutive_aborts" in error
     # the step taken before the failures is kept: its metrics and its checkpoint
     run = _run_dir(tmp_path, "failing")

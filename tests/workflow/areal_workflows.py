@@ -1,5 +1,5 @@
-"""The seeds' custom workflows as users write them (imports mapped to relayrl's), for the real
-training runs in test_seed_workflows_train.py; loaded from `relayrl train` by dotted path."""
+"""AReaL's custom workflows as users write them (imports mapped to relayrl's), for the real
+training runs in test_areal_workflows_train.py; loaded from `relayrl train` by dotted path."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def reward_of(text: str) -> float:
 
 
 class MyWorkflow(RolloutWorkflow):
-    """Seed 004: tokenise, generate with the engine, build the tensor dict."""
+    """AReaL's tensor-dict workflow: tokenise, generate with the engine, build the tensor dict."""
 
     def __init__(self, tokenizer, gconfig, **kwargs):
         self.tokenizer = tokenizer
@@ -64,7 +64,7 @@ class MyWorkflow(RolloutWorkflow):
 
 
 class DirectWorkflow(RolloutWorkflow):
-    """Seed 000's direct approach (`ArealOpenAI` is relayrl's DirectClient); no tokenizer."""
+    """AReaL's direct approach (`ArealOpenAI` is relayrl's DirectClient); no tokenizer."""
 
     def __init__(self, tokenizer=None):
         self.tokenizer = tokenizer
