@@ -22,6 +22,7 @@ LAYERS: list[set[str]] = [
     {"router"},  # HTTP in front of gateways; imports chat (error bodies) only
     {"client"},
     {"workflow"},
+    {"harness"},  # coding CLIs on Harbor tasks, as agents of AgentWorkflow
     {"rollout"},
     {"remote_rollout"},
     {"train"},
