@@ -164,7 +164,6 @@ class Codex(CLIAdapter):
             'web_search = "disabled"',
             "check_for_update_on_startup = false",
             f"model_context_window = {spec.context_window}",
-            f"model_max_output_tokens = {spec.max_output_tokens}",
             'model_reasoning_summary = "none"',
             "",
             "[analytics]",
