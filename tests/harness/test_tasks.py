@@ -6,6 +6,7 @@ the untouched workspace earns 0, so each verifier tells a solved task from an un
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -215,3 +216,21 @@ async def test_the_oracle_solves_a_task_in_docker() -> None:
         assert await rt.verify(sb) == 1.0
     finally:
         await rt.stop(sb)
+
+
+def test_the_example_config_trains_a_cli_agent_in_groups_on_every_task() -> None:
+    from relayrl.client.session_client import SessionClient
+    from relayrl.config import RelayConfig, load_config
+    from relayrl.workflow import AgentWorkflow, GroupedWorkflow, resolve_workflow
+
+    cfg = load_config(RelayConfig, str(ROOT / "examples" / "cli_agents" / "config.yaml"), [])
+    wf = resolve_workflow(cfg.workflow, cfg.workflow_kwargs, cfg.rollout.group_size,
+                          gateway=SessionClient("http://127.0.0.1:9"),
+                          agent_config=cfg.rollout.agent)
+    assert isinstance(wf, GroupedWorkflow) and wf.group_size == 4
+    assert isinstance(wf.workflow, AgentWorkflow) and isinstance(wf.workflow.agent, CLIAgent)
+    agent = wf.workflow.agent
+    assert cfg.rollout.episode_timeout_s > agent.timeout_s + 60  # the CLI's limit, then test.sh
+    items = (ROOT / cfg.data.train).read_text().splitlines()
+    names = {agent.task_for(json.loads(x)).path for x in items}
+    assert names == set(EXAMPLES)
