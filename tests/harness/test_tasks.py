@@ -7,6 +7,7 @@ the untouched workspace earns 0, so each verifier tells a solved task from an un
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -234,3 +235,21 @@ def test_the_example_config_trains_a_cli_agent_in_groups_on_every_task() -> None
     items = (ROOT / cfg.data.train).read_text().splitlines()
     names = {agent.task_for(json.loads(x)).path for x in items}
     assert names == set(EXAMPLES)
+
+
+async def test_the_cli_inherits_tools_and_locale_but_no_keys_or_proxies(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-users-own")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    task = load_task(TASKS / "hello-file")
+    rt = LocalRuntime()
+    sb = await rt.start(task)
+    try:
+        r = await rt.run_agent(sb, ["bash", "-c", "env; pwd"], {"EXTRA": "1"}, 30)
+        assert r.returncode == 0
+        seen = r.output_tail
+    finally:
+        await rt.stop(sb)
+    assert "sk-users-own" not in seen and "proxy.invalid" not in seen
+    assert "EXTRA=1" in seen and f"PATH={os.environ['PATH']}" in seen
+    assert str(sb.workdir) in seen

@@ -144,6 +144,17 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+HOST_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SSL_CERT_FILE",
+            "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS")
+"""What the CLI and the verifier inherit from this process's environment: tools and locale, no
+keys, no proxies (the gateway is on loopback), no config paths of the user's."""
+
+
+def host_env() -> dict[str, str]:
+    """The variables of `HOST_ENV` that are set here."""
+    return {k: os.environ[k] for k in HOST_ENV if k in os.environ}
+
+
 def resolve_env(values: dict[str, str]) -> dict[str, str]:
     """Harbor's `${VAR}` / `${VAR:-default}` templates, resolved from this process's env."""
     def one(m: re.Match[str]) -> str:
@@ -245,14 +256,14 @@ class LocalRuntime:
     async def run_agent(self, sandbox: Sandbox, argv: list[str], env: dict[str, str],
                         timeout_s: float) -> ProcResult:
         """The CLI in the workdir, with the task's environment variables and `env`."""
-        full = {**os.environ, **resolve_env(sandbox.task.environment_env), **env}
+        full = {**host_env(), **resolve_env(sandbox.task.environment_env), **env}
         return await run_process(argv, cwd=sandbox.workdir, env=full, timeout_s=timeout_s,
                                  log_path=sandbox.roots["/logs/agent"] / "cli.log")
 
     async def run_script(self, sandbox: Sandbox, script: Path, env: dict[str, str],
                          timeout_s: float, log_name: str) -> ProcResult:
         """A task script (test.sh, solve.sh) under bash, in the workdir, HOME in the sandbox."""
-        full = {**os.environ, "HOME": str(sandbox.home), **env}
+        full = {**host_env(), "HOME": str(sandbox.home), **env}
         log = sandbox.roots["/logs/verifier" if log_name.startswith("test") else "/logs/agent"]
         return await run_process(["bash", str(script)], cwd=sandbox.workdir, env=full,
                                  timeout_s=timeout_s, log_path=log / log_name)
