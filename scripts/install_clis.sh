@@ -25,7 +25,7 @@ for pin in "${PINS[@]}"; do
     [ "$have" = "$want" ] || missing+=("$pin")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
-    # one npm call: a second `npm install --prefix` would prune what the first one added
+    # every pin in one call, so .clis/package.json and its lockfile list exactly these
     npm install --prefix "$DEST" --no-audit --no-fund --loglevel=error --save-exact "${PINS[@]}"
 fi
 for bin in opencode codex claude qwen; do
