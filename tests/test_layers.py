@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"router"},  # HTTP in front of gateways; imports chat (error bodies) only
     {"client"},
     {"workflow"},
-    {"envs"},  # published environments (reasoning-gym, verifiers, TextArena, OpenEnv) as agents and workflows
+    {"envs", "harness"},  # published environments (reasoning-gym, verifiers, TextArena, OpenEnv) and coding CLIs on Harbor tasks, as agents and workflows
     {"rollout"},
     {"remote_rollout"},
     {"train"},

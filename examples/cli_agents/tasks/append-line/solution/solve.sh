@@ -1,0 +1,2 @@
+#!/bin/bash
+echo done >> /app/notes.txt

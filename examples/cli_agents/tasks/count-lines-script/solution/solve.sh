@@ -1,0 +1,3 @@
+#!/bin/bash
+printf '#!/bin/bash\nwc -l < "$1"\n' > /app/count_lines.sh
+chmod +x /app/count_lines.sh
