@@ -67,3 +67,26 @@ async def test_one_turn_is_recorded_and_the_verifier_scores_it(gw: Gateway, cli:
     main = max(prompts, key=len)
     assert len(main) > 10_000  # the CLI's own system prompt and tools, not a stand-in
     assert not [s.id for s in gw.deps.store if s.state == SessionState.OPEN]
+
+
+async def test_codex_solves_a_harbor_task_through_its_own_shell_tool(gw: Gateway) -> None:
+    """Codex CLI's Responses requests (namespace, custom and hosted tools included) through the
+    harness: its `exec_command` writes the file, the task's verifier gives 1, one segment."""
+    if not _installed("codex"):
+        pytest.skip("codex is not installed (scripts/install_clis.sh)")
+    gw.script.requests.clear()
+    gw.script.replies[:] = [
+        '<tool_call>\n{"name": "exec_command", "arguments": '
+        '{"cmd": "printf \'hello relayrl\\\\n\' > hello.txt"}}\n</tool_call>',
+        "Created hello.txt."]
+    agent = CLIAgent(cli="codex", clis_dir=str(CLIS), timeout_s=120, context_window=65536,
+                     max_output_tokens=256)
+    async with SessionClient(gw.url, ADMIN) as client:
+        wf = AgentWorkflow(agent, client)
+        ctx = EpisodeContext(task_id="hello", episode_id="ep-codex", group_id="g")
+        out = await run_episode(wf, None, {"task": str(TASK)}, ctx, 240)
+        await wf.aclose()
+    assert out.status == EpisodeStatus.FINISHED, out.error
+    [row] = out.rows.rows  # Codex resends its history: both calls extend one token sequence
+    assert row.reward == 1.0
+    assert len(row.interaction_ids) == len(gw.script.requests) == 2
