@@ -12,12 +12,14 @@
 #      relayrl);
 #   3. a stamp file holding that install's spec: a re-run whose spec is unchanged does nothing.
 # Its script's header says what the venv holds and why; a variable names its folder and PYTHON the
-# interpreter it is made from (python3.12 where the tool needs it).
+# interpreter it is made from (`python_for 3.12` where the tool needs that version).
 #
 #   extra_venv_ready VENV STAMP SPEC  true when VENV was finished for exactly SPEC
 #   extra_venv_create VENV PYTHON     an isolated venv; an existing one is kept unless it sees
 #                                     outside site-packages or its interpreter is gone
 #   extra_venv_done VENV STAMP SPEC   record SPEC as finished
+#   python_for X.Y                    the interpreter of Python X.Y: pythonX.Y when it runs, else
+#                                     pyenv's (whose shim fails for a version not selected)
 #   install_torch PYTHON VERSION      torch==VERSION into PYTHON's environment, the CPU build where
 #                                     there is one; an installed torch of that version (any build,
 #                                     a CUDA one included) is kept
@@ -40,6 +42,18 @@ extra_venv_create() {
 
 extra_venv_done() {
   printf '%s' "$3" > "$1/$2"
+}
+
+python_for() {
+  local c
+  for c in "python$1" "${PYENV_ROOT:-$HOME/.pyenv}/versions/$1".*/bin/"python$1"; do
+    if "$c" -c '' 2>/dev/null; then
+      echo "$c"
+      return 0
+    fi
+  done
+  echo "no Python $1 here (python$1 on PATH, or under pyenv)" >&2
+  return 1
 }
 
 install_torch() {
