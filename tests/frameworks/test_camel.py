@@ -1,7 +1,7 @@
 """CAMEL-AI's ChatAgent, unchanged, through the gateway: the proxy way and the direct way.
 
 camel-ai pins pydantic<=2.12.0, older than relayrl's other dependencies, so it lives in its own
-environment (`.venv-camel`, made by scripts/install_frameworks.sh, which sees the main packages
+environment (`.venv-camel`, made by scripts/install_frameworks.sh with torch and relayrl in it
 too) and the example runs there as a subprocess, as a user would run it.
 """
 
