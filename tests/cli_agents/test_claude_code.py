@@ -6,25 +6,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.cli_agents.conftest import cli_binary, tool_call
-from tests.gateway.conftest import Gateway, fake_gateway
+from tests.cli_agents.conftest import assert_one_segment, cli_binary, tool_call
+from tests.gateway.conftest import Gateway
 
 CLAUDE = cli_binary("claude")
 pytestmark = pytest.mark.skipif(
     CLAUDE is None, reason="Claude Code is not installed (scripts/install_clis.sh)")
 
-
-@pytest.fixture
-def gw(model_dir: str) -> Iterator[Gateway]:
-    # Claude Code's first prompt (system prompt, 24 tool schemas) is ~20k tokens
-    g = fake_gateway(model_dir, context_length=65536)
-    yield g
-    g.thread.stop()
 
 
 def test_claude_code_runs_a_tool_using_episode_recorded_as_one_segment(
@@ -49,11 +41,7 @@ def test_claude_code_runs_a_tool_using_episode_recorded_as_one_segment(
     out = done.stdout + done.stderr
     assert (work / "hello.txt").read_text() == "hello", out
     assert "Created hello.txt." in out
-    calls = gw.deps.store.get(s["session_id"]).interactions
-    assert len(calls) == 2
-    first, second = calls
-    assert second.parent_id == first.id and second.segment_id == first.segment_id
-    assert second.prompt_ids[: len(first.token_ids)] == first.token_ids
+    first, _ = assert_one_segment(gw, s)  # the CLI resends its history: one token sequence
     meta = first.metadata
     assert meta["wire"] == "anthropic.messages"
     assert meta["thinking"]["type"] == "adaptive"

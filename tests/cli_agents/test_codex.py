@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.cli_agents.conftest import cli_binary, tool_call
-from tests.gateway.conftest import Gateway, fake_gateway
+from tests.cli_agents.conftest import assert_one_segment, cli_binary, tool_call
+from tests.gateway.conftest import Gateway
 
 CODEX = cli_binary("codex")
 pytestmark = pytest.mark.skipif(CODEX is None,
@@ -35,13 +34,6 @@ def run_codex(gw: Gateway, session: dict, home: Path, work: Path, prompt: str) -
     return done.stdout + done.stderr
 
 
-@pytest.fixture
-def gw(model_dir: str) -> Iterator[Gateway]:
-    # Codex's first prompt (instructions, tool schemas) is ~10k tokens of the default tokenizer
-    g = fake_gateway(model_dir, context_length=32768)
-    yield g
-    g.thread.stop()
-
 
 def test_codex_runs_a_tool_using_episode_recorded_as_one_segment(gw: Gateway,
                                                                   tmp_path: Path) -> None:
@@ -54,13 +46,7 @@ def test_codex_runs_a_tool_using_episode_recorded_as_one_segment(gw: Gateway,
     out = run_codex(gw, s, tmp_path / "home", work, "Create hello.txt containing hello.")
     assert (work / "hello.txt").read_text() == "hello", out
     assert "Created hello.txt." in out
-    session = gw.deps.store.get(s["session_id"])
-    calls = session.interactions
-    assert len(calls) == 2
-    first, second = calls
-    # Codex resends the whole history; the second call extends the first call's tokens
-    assert second.parent_id == first.id and second.segment_id == first.segment_id
-    assert second.prompt_ids[: len(first.token_ids)] == first.token_ids
+    first, _ = assert_one_segment(gw, s)  # Codex resends its whole history: one token sequence
     meta = first.metadata
     assert meta["wire"] == "openai.responses"
     assert "web_search" in meta["responses_tools"]["hosted"]

@@ -5,25 +5,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.cli_agents.conftest import cli_binary, tool_call
-from tests.gateway.conftest import Gateway, fake_gateway
+from tests.cli_agents.conftest import assert_one_segment, cli_binary, tool_call
+from tests.gateway.conftest import Gateway
 
 QWEN = cli_binary("qwen")
 pytestmark = pytest.mark.skipif(
     QWEN is None, reason="Qwen Code is not installed (scripts/install_clis.sh)")
 
-
-@pytest.fixture
-def gw(model_dir: str) -> Iterator[Gateway]:
-    # Qwen Code's first prompt (system prompt and tool schemas) is ~18k tokens
-    g = fake_gateway(model_dir, context_length=65536)
-    yield g
-    g.thread.stop()
 
 
 def test_qwen_code_runs_a_tool_using_episode_recorded_as_one_segment(
@@ -44,9 +36,5 @@ def test_qwen_code_runs_a_tool_using_episode_recorded_as_one_segment(
     out = done.stdout + done.stderr
     assert (work / "hello.txt").read_text() == "hello", out
     assert "Created hello.txt." in out
-    calls = gw.deps.store.get(s["session_id"]).interactions
-    assert len(calls) == 2
-    first, second = calls
-    assert second.parent_id == first.id and second.segment_id == first.segment_id
-    assert second.prompt_ids[: len(first.token_ids)] == first.token_ids
+    first, _ = assert_one_segment(gw, s)  # the CLI resends its history: one token sequence
     assert first.metadata["wire"] == "openai.chat"
