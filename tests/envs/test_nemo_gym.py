@@ -186,6 +186,29 @@ async def test_episodes_run_through_nemo_gyms_agent_and_take_verifys_reward(
 
 
 @needs_venv
+async def test_a_tool_call_runs_on_the_resources_server_between_two_model_calls(
+        gw: Gateway, client: SessionClient) -> None:
+    item = ngenv.make_items("example_single_tool_call", limit=1)[0]  # "what's it like in sf?"
+    call = json.dumps({"name": "get_weather", "arguments": {"city": "San Francisco"}})
+    gw.script.replies.extend([f"<tool_call>\n{call}\n</tool_call>", "It is cold there."])
+    wf = resolve_workflow(AGENT, {"server": "example_single_tool_call"}, gateway=client)
+    try:
+        out = await run_episode(wf, None, item, _ctx(0, "tool"))
+    finally:
+        await wf.aclose()
+    assert out.status == EpisodeStatus.FINISHED, out.error
+    assert len(gw.script.requests) == 2  # the tool call, then the answer: simple_agent's loop
+    tok = gw.thread.deps.engine.tokenizer
+    first = tok.decode(list(gw.script.requests[0].prompt_ids))
+    second = tok.decode(list(gw.script.requests[1].prompt_ids))
+    assert "get_weather" in first and "what's it like in sf?" in first  # the item's tools, input
+    # the resources server's /get_weather answered, and simple_agent gave it back to the policy
+    assert "The weather in San Francisco is cold." in second
+    rows = out.rows.rows
+    assert rows[-1].reward == 1.0  # this server's /verify: 1.0 for every rollout
+
+
+@needs_venv
 async def test_a_server_setting_reaches_the_resources_server(
         gw: Gateway, client: SessionClient) -> None:
     wf = resolve_workflow(AGENT, {"server": SERVER, "server_config": {"grading_rule":
