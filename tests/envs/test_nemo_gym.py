@@ -6,7 +6,7 @@ download: its `verify` compares the reply with the item's `expected_answer`, and
 `responses_api_agents/simple_agent`), run from `.venv-nemo-gym` (`bash
 scripts/install_nemo_gym.sh`: NeMo Gym needs Python >= 3.12) on 127.0.0.1. The episodes run
 against a real gateway whose engine is scripted (FakeEngine), so replies and rewards are known;
-the last test trains the real default model with `relayrl train`.
+the last test trains the real default model with `relayrl train examples/nemo_gym/config.yaml`.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from tests.gateway.conftest import ADMIN, Gateway, fake_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = "relayrl.envs.nemo_gym:NeMoGymAgent"
+EXAMPLE = ROOT / "examples" / "nemo_gym"
 SERVER = "equivalence_rule"
 HAS_VENV = (ngenv.default_venv() / "bin" / "python").exists()
 needs_venv = pytest.mark.skipif(not HAS_VENV, reason="no NeMo Gym venv (.venv-nemo-gym): "
@@ -239,39 +240,28 @@ async def test_a_broken_item_fails_its_episode_with_the_servers_answer(
 @needs_venv
 @pytest.mark.slow
 def test_relayrl_train_runs_grpo_on_a_nemo_gym_resources_server(tmp_path: Path) -> None:
-    """The real default model and `relayrl train`: one GRPO step, one group of four episodes of
-    equivalence_rule (grading `seq_match`), each scored by the server's own /verify."""
-    items = [_item("Reply with the single word: banana", "banana")]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(i) + "\n" for i in items))
-    config = {
-        "experiment_name": "nemo_gym", "trial_name": "ci", "fileroot": str(tmp_path / "runs"),
-        "seed": 1, "model": "smollm2-135m-instruct",
-        "workflow": AGENT,
-        "workflow_kwargs": {"server": SERVER, "server_config": {"grading_rule": "seq_match"},
-                            "max_output_tokens": 8},
-        "data": {"train": str(tmp_path / "train.jsonl")},
-        "gateway": {"admin_key": "relayrl-nemo-gym", "session_ttl_s": 600},
-        "rollout": {"group_size": 4, "batch_size": 1, "max_staleness": 1,
-                    "episode_timeout_s": 300, "progress": False,
-                    "dump_root": str(tmp_path / "dumps")},
-        "train": {"lr": 1.0e-5, "total_steps": 1, "micro_batch_tokens": 2048,
-                  "drop_uniform_groups": False, "checkpoint_every": 0},
-    }
-    (tmp_path / "config.yaml").write_text(json.dumps(config))
+    """The real default model and `relayrl train examples/nemo_gym/config.yaml`: one GRPO step,
+    one group of four episodes of equivalence_rule (`seq_match`), each scored by its /verify."""
+    dumps = tmp_path / "dumps"
+    overrides = [f"fileroot={tmp_path / 'runs'}", "trial_name=ci", "train.total_steps=1",
+                 "rollout.group_size=4", "rollout.batch_size=1", f"rollout.dump_root={dumps}",
+                 "train.drop_uniform_groups=false"]  # the one batch takes its step
     proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "train",
-                           str(tmp_path / "config.yaml")],
+                           str(EXAMPLE / "config.yaml"), *overrides],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "runs" / "nemo_gym" / "ci"
     lines = [json.loads(x) for x in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines if "step_s" in m] == [1]
-    rows = [json.loads(x) for f in sorted((tmp_path / "dumps").rglob("*.jsonl"))
+    answers = {i["responses_create_params"]["input"][0]["content"]: i["expected_answer"]
+               for i in map(json.loads, (EXAMPLE / "train.jsonl").read_text().splitlines())}
+    rows = [json.loads(x) for f in sorted(dumps.rglob("*.jsonl"))
             for x in f.read_text().splitlines()]
     assert len({r["episode_id"] for r in rows}) == 4
     for row in rows:
-        assert "Reply with the single word: banana" in row["prompt"]
-        # /verify's seq_match of the reply the model wrote against "banana", and nothing else
+        (answer,) = [a for q, a in answers.items() if q in row["prompt"]]
+        # /verify's seq_match of the reply the model wrote against the answer, nothing else
         reply = row["completion"].replace("<|im_end|>", "").replace("<|endoftext|>", "")
         reply = re.sub(r"\s+", " ", reply.strip().lower())
         assert row["reward"] == pytest.approx(
-            difflib.SequenceMatcher(None, reply, "banana").ratio(), abs=1e-6), row["completion"]
+            difflib.SequenceMatcher(None, reply, answer.lower()).ratio(), abs=1e-6), reply
