@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,7 +206,15 @@ class Relay:
         from starlette.responses import JSONResponse, Response
         from starlette.routing import Route
 
-        clients: dict[int, httpx.AsyncClient] = {}
+        clients: list[httpx.AsyncClient] = []
+
+        @contextlib.asynccontextmanager
+        async def lifespan(_app: Any) -> AsyncIterator[None]:
+            clients.append(httpx.AsyncClient(timeout=self.timeout_s))
+            try:
+                yield
+            finally:
+                await clients.pop().aclose()
 
         def error(status: int, message: str) -> JSONResponse:
             return JSONResponse({"error": {"message": message, "type": "invalid_request_error",
@@ -226,16 +235,14 @@ class Relay:
                                   "(calls come from a NeMo Gym agent server started by relayrl)")
             body["metadata"] = meta or None
             base_url, api_key = target
-            client = clients.get(id(request.app))
-            if client is None:
-                client = clients[id(request.app)] = httpx.AsyncClient(timeout=self.timeout_s)
-            r = await client.post(f"{base_url.rstrip('/')}/responses", json=body,
+            r = await clients[0].post(f"{base_url.rstrip('/')}/responses", json=body,
                                   headers={"authorization": f"Bearer {api_key}"})
             return Response(r.content, status_code=r.status_code,
                             media_type=r.headers.get("content-type", "application/json"))
 
         return Starlette(routes=[Route("/v1/responses", responses, methods=["POST"]),
-                                 Route("/responses", responses, methods=["POST"])])
+                                 Route("/responses", responses, methods=["POST"])],
+                         lifespan=lifespan)
 
     def start(self, port: int, timeout_s: float = 30.0) -> Relay:
         """Serve on 127.0.0.1:port in a thread; return once it listens."""
@@ -386,7 +393,7 @@ class NeMoGymAgent:
             self._logdir = tempfile.TemporaryDirectory(prefix="relayrl-nemo-gym-")
             logdir = Path(self._logdir.name)
             try:
-                self._relay = Relay().start(ports[2])
+                self._relay = Relay(timeout_s=self.episode_timeout_s).start(ports[2])
                 names = [k for k in cfg if k not in ("head_server", "dry_run", "policy_model")]
                 folders = [self.server_folder, self.agent_folder]
                 for name, folder in zip(names, folders, strict=True):
