@@ -16,6 +16,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -223,6 +224,26 @@ async def test_a_server_setting_reaches_the_resources_server(
     assert out.status == EpisodeStatus.FINISHED, out.error
     expected = difflib.SequenceMatcher(None, "pariss", "paris").ratio()
     assert [r.reward for r in out.rows.rows] == [pytest.approx(expected)]
+
+
+@needs_venv
+async def test_a_server_that_cannot_start_fails_every_episode_at_once_with_its_output(
+        gw: Gateway, client: SessionClient) -> None:
+    wf = resolve_workflow(AGENT, {"server": SERVER, "server_config": {"grading_rule": "nope"}},
+                          gateway=client)
+    try:
+        first = await run_episode(wf, None, _item("?", "x"), _ctx(0, "bad"))
+        t0 = time.monotonic()
+        second = await run_episode(wf, None, _item("?", "x"), _ctx(1, "bad"))
+        again_s = time.monotonic() - t0
+    finally:
+        await wf.aclose()
+    for out in (first, second):
+        assert out.status == EpisodeStatus.ABORTED
+        # the server's own complaint (its config validation), from its output
+        assert "did not start" in out.error and "grading_rule" in out.error, out.error
+    assert again_s < 2.0  # no second start: the first failure is the answer
+    assert gw.script.requests == []  # no episode reached the policy
 
 
 @needs_venv

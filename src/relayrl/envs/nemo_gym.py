@@ -361,6 +361,7 @@ class NeMoGymAgent:
         self._procs: list[ServerProcess] = []
         self._agent_url: str | None = None
         self._logdir: tempfile.TemporaryDirectory[str] | None = None
+        self._start_error: str | None = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -388,6 +389,8 @@ class NeMoGymAgent:
         with self._lock:
             if self._agent_url is not None:
                 return self._agent_url
+            if self._start_error is not None:  # one failed start: every later episode says so
+                raise RuntimeError(self._start_error)
             ports = [free_port() for _ in range(3)]
             cfg = self.config(*ports)
             self._logdir = tempfile.TemporaryDirectory(prefix="relayrl-nemo-gym-")
@@ -402,8 +405,11 @@ class NeMoGymAgent:
                 atexit.register(self.close)
                 for p in self._procs:
                     p.wait_listening(self.start_timeout_s)
-            except BaseException:
+            except BaseException as e:
                 self._stop_all()
+                if isinstance(e, Exception):
+                    self._start_error = f"the NeMo Gym servers did not start: {e}"
+                    raise RuntimeError(self._start_error) from e
                 raise
             self._agent_url = f"http://127.0.0.1:{ports[1]}"
             return self._agent_url
