@@ -162,6 +162,22 @@ def test_an_unknown_server_or_dataset_names_the_close_ones() -> None:
 
 
 @needs_venv
+def test_the_servers_settings_are_their_shipped_yaml_with_relayrls_over_it() -> None:
+    cfg = ngenv.NeMoGymAgent(SERVER, server_config={"grading_rule": "seq_match"},
+                             max_steps=3).config(1, 2, 3)
+    res = cfg[SERVER]["resources_servers"][SERVER]
+    assert res["grading_rule"] == "seq_match" and res["domain"] == "knowledge"  # shipped YAML
+    assert (res["host"], res["port"]) == ("127.0.0.1", 1)
+    agent = cfg["simple_agent_agent"]["responses_api_agents"]["simple_agent"]
+    assert agent["max_steps"] == 3 and agent["port"] == 2
+    assert agent["resources_server"]["name"] == SERVER
+    own = ngenv.NeMoGymAgent(SERVER, agent_config={"max_steps": 5}).config(1, 2, 3)
+    assert own["simple_agent_agent"]["responses_api_agents"]["simple_agent"]["max_steps"] == 5
+    with pytest.raises(ConfigError, match="max_steps"):
+        ngenv.NeMoGymAgent(SERVER, max_steps=0)
+
+
+@needs_venv
 async def test_episodes_run_through_nemo_gyms_agent_and_take_verifys_reward(
         gw: Gateway, client: SessionClient) -> None:
     wf = resolve_workflow(AGENT, {"server": SERVER, "max_output_tokens": 8}, gateway=client)

@@ -340,13 +340,16 @@ class NeMoGymAgent:
                  server_config: dict[str, Any] | None = None,
                  agent_config: dict[str, Any] | None = None, venv: str | None = None,
                  model: str = "default", max_output_tokens: int | None = 64,
-                 temperature: float | None = 1.0, ray: bool = False,
+                 temperature: float | None = 1.0, max_steps: int | None = 16,
+                 ray: bool = False,
                  start_timeout_s: float = 180.0, episode_timeout_s: float = 900.0) -> None:
         self.python = venv_python(venv)  # a missing venv fails before any episode
         self.server_folder = server_dir("resources_servers", server, venv)
         self.agent_folder = server_dir("responses_api_agents", agent, venv)
         if max_output_tokens is not None and max_output_tokens < 1:
             raise ConfigError("need max_output_tokens >= 1 (or null: the item's own)")
+        if max_steps is not None and max_steps < 1:
+            raise ConfigError("need max_steps >= 1 (or null: the agent server's own bound)")
         self.server = server
         self.agent = agent
         self.server_config = dict(server_config or {})
@@ -354,6 +357,7 @@ class NeMoGymAgent:
         self.model = model
         self.max_output_tokens = max_output_tokens
         self.temperature = temperature
+        self.max_steps = max_steps
         self.ray = ray
         self.start_timeout_s = start_timeout_s
         self.episode_timeout_s = episode_timeout_s
@@ -380,6 +384,10 @@ class NeMoGymAgent:
                "entrypoint": "app.py", "host": "127.0.0.1", "port": resources_port}
         ag = {**shipped_config(self.agent_folder, "responses_api_agents"), **self.agent_config,
               "entrypoint": "app.py", "host": "127.0.0.1", "port": agent_port}
+        if self.max_steps is not None:
+            # simple_agent's own default is no bound: a policy that calls tools forever would
+            # hold its episode until the timeout
+            ag.setdefault("max_steps", self.max_steps)
         return global_config((res_name, res_name, res),
                              (f"{self.agent_folder.name}_agent", self.agent_folder.name, ag),
                              ("policy_model", relay_port))
