@@ -203,14 +203,19 @@ def test_every_seat_gets_the_runs_harness_and_a_local_runtime() -> None:
         vfenv.env_config("vf-retry", env={"max_attempts": "several"})
 
 
-def _train(tmp_path: Path, env_id: str, max_tokens: int, **env: object) -> tuple[dict, list]:
-    """One GRPO step (one group of 2 episodes) on `env_id` with the real default model, through
-    `relayrl train`; the step's metrics and the dumped rows."""
-    items = vfenv.make_items(env_id, taskset={"num_tasks": 2})
+@pytest.mark.slow
+def test_one_grpo_step_on_a_tool_and_a_multi_turn_environment_with_the_real_model(
+        tmp_path: Path) -> None:
+    """One group of 2 episodes of each environment (task 0 of vf-calculator, task 0 of
+    vf-retry) in one GRPO step with the real default model, through `relayrl train`."""
+    items = (vfenv.make_items("vf-calculator", taskset={"num_tasks": 1})
+             + vfenv.make_items("vf-retry", taskset={"num_tasks": 1}))
     data = tmp_path / "items.jsonl"
     data.write_text("".join(json.dumps(i) + "\n" for i in items))
-    kwargs = {"env_id": env_id, "taskset": {"num_tasks": 2}, "max_tokens": max_tokens,
-              "env": env}
+    kwargs = {"envs": [{"env_id": "vf-calculator", "taskset": {"num_tasks": 1}},
+                       {"env_id": "vf-retry", "taskset": {"num_tasks": 1},
+                        "env": {"max_attempts": 3}}],
+              "max_tokens": 40}
     config = tmp_path / "config.yaml"
     config.write_text(f"""
 experiment_name: vf
@@ -219,7 +224,7 @@ fileroot: {tmp_path}
 workflow: relayrl.envs.verifiers:VerifiersAgent
 workflow_kwargs: {json.dumps(kwargs)}
 data: {{train: {data}}}
-rollout: {{group_size: 2, batch_size: 1, dynamic_sampling: false, progress: false,
+rollout: {{group_size: 2, batch_size: 2, dynamic_sampling: false, progress: false,
           dump_to_file: true}}
 train: {{total_steps: 1, drop_uniform_groups: false, checkpoint_every: 0}}
 """)
@@ -230,32 +235,32 @@ train: {{total_steps: 1, drop_uniform_groups: false, checkpoint_every: 0}}
     run = tmp_path / "vf" / "smoke"
     lines = [json.loads(x) for x in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
     step = next(m for m in lines if "step_s" in m)
+    assert step["workflow/episodes"] >= 4 and step["workflow/failed_episodes"] == 0
+    assert step["workflow/model_turns"] >= step["workflow/episodes"]
     rows = [json.loads(x) for f in sorted((run / "rollout").rglob("*.jsonl"))
             for x in f.read_text().splitlines()]
-    return step, rows
-
-
-@pytest.mark.slow
-def test_one_grpo_step_on_a_tool_environment_with_the_real_model(tmp_path: Path) -> None:
-    step, rows = _train(tmp_path, "vf-calculator", max_tokens=48)
-    assert step["workflow/episodes"] >= 2 and step["workflow/failed_episodes"] == 0
-    assert step["workflow/model_turns"] >= step["workflow/episodes"]
-    # one row per episode: each episode's calls (a tool round included) formed one segment
+    # one row per episode: each episode's calls (tool rounds, the env's turns) formed one
+    # segment, extended token-exact
     episodes = [r["episode_id"] for r in rows]
-    assert len(episodes) >= 2 and len(set(episodes)) == len(episodes)
-    assert all(r["reward"] in (0.0, 1.0) for r in rows)  # the rubric's `correct`
-    assert all("multiply" in r["prompt"] for r in rows)  # verifiers' tool schema was offered
+    assert len(episodes) >= 4 and len(set(episodes)) == len(episodes)
+    tool = [r for r in rows if "* 34" in r["prompt"]]
+    multi = [r for r in rows if "3 + 5" in r["prompt"]]
+    assert len(tool) >= 2 and len(multi) >= 2  # a group of each environment
+    assert all("multiply" in r["prompt"] for r in tool)  # verifiers' tool schema was offered
+    assert all(r["reward"] in (0.0, 1.0) for r in tool)  # the rubric's `correct`
+    assert all(r["reward"] in (0.0, 1.0, 1.5) for r in multi)  # `correct` + 0.5 `first_try`
+    # a retried answer: the env's feedback sits inside the row, between the model's answers
+    assert all(r["reward"] <= 1.0 for r in multi if "That is not right" in r["completion"])
 
 
-@pytest.mark.slow
-def test_one_grpo_step_on_a_multi_turn_environment_with_the_real_model(tmp_path: Path) -> None:
-    step, rows = _train(tmp_path, "vf-retry", max_tokens=8, max_attempts=3)
-    assert step["workflow/episodes"] >= 2 and step["workflow/failed_episodes"] == 0
-    assert step["workflow/model_turns"] >= step["workflow/episodes"]
-    episodes = [r["episode_id"] for r in rows]
-    assert len(episodes) >= 2 and len(set(episodes)) == len(episodes)  # one segment each
-    assert all(r["reward"] in (0.0, 1.0, 1.5) for r in rows)  # `correct` + 0.5 * `first_try`
-    # the env's feedback turns sit inside the rows, between the model's own answers
-    retried = [r for r in rows if "That is not right" in r["completion"]]
-    assert all(r["reward"] <= 1.0 for r in retried)
-
+def test_several_environments_are_one_agent_and_bad_entries_are_config_errors() -> None:
+    agent = vfenv.VerifiersAgent(envs=[{"env_id": "vf-addition"},
+                                       {"env_id": "vf-retry", "env": {"max_attempts": 2}}])
+    assert set(agent.configs) == {"vf-addition", "vf-retry"}
+    assert agent.configs["vf-retry"].max_attempts == 2
+    with pytest.raises(ConfigError, match="not both or neither"):
+        vfenv.VerifiersAgent()
+    with pytest.raises(ConfigError, match="got \\['env_id', 'tasks'\\]"):
+        vfenv.VerifiersAgent(envs=[{"env_id": "vf-addition", "tasks": 3}])
+    with pytest.raises(ConfigError, match="listed twice"):
+        vfenv.VerifiersAgent(envs=[{"env_id": "vf-addition"}, {"env_id": "vf-addition"}])

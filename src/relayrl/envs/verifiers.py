@@ -44,7 +44,7 @@ import contextlib
 import difflib
 import importlib.util
 import pkgutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from relayrl.errors import ConfigError, EpisodeFailed, InvalidRequest
@@ -163,29 +163,52 @@ def _prompt_text(task: Any) -> str:
     return prompt if isinstance(prompt, str) else str(prompt)
 
 
-class VerifiersAgent:
-    """Runs one task of an installed verifiers environment per episode; returns its reward."""
+ENV_KEYS = frozenset({"env_id", "taskset", "harness", "runtime", "env", "limit"})
+"""What one entry of `VerifiersAgent(envs=[...])` may set."""
 
-    def __init__(self, env_id: str, taskset: Mapping[str, Any] | None = None,
+
+class VerifiersAgent:
+    """Runs one task of an installed verifiers environment per episode; returns its reward.
+
+    One environment (`env_id` and its settings), or several (`envs`: a list of `{env_id,
+    taskset, harness, runtime, env, limit}`, unset keys taken from the agent's own arguments),
+    each item running in the environment its `env_id` names: a mix of environments trained in
+    one run."""
+
+    def __init__(self, env_id: str | None = None, taskset: Mapping[str, Any] | None = None,
                  harness: str = "null", runtime: str = "subprocess",
                  env: Mapping[str, Any] | None = None, model: str = "default",
                  max_tokens: int | None = 256, temperature: float | None = 1.0,
-                 limit: int | None = None) -> None:
-        if not isinstance(harness, str) or not harness:
-            raise ConfigError(f"harness: give a verifiers harness id, got {harness!r} (for "
-                              'the chat loop write "null" in quotes: YAML reads null as none)')
-        self.env_id = env_id
-        self.taskset = dict(taskset or {})
-        self.harness = harness
-        self.runtime = runtime
-        self.env_settings = dict(env or {})
+                 limit: int | None = None,
+                 envs: Sequence[Mapping[str, Any]] | None = None) -> None:
+        if (env_id is None) == (envs is None):
+            raise ConfigError("give env_id (one verifiers environment) or envs (a list of "
+                              "{env_id, taskset, ...}), not both or neither")
+        entries = ([{"env_id": env_id}] if envs is None else [dict(e) for e in envs])
+        if not entries:
+            raise ConfigError("envs: give at least one {env_id: ...}")
+        self.settings: dict[str, dict[str, Any]] = {}
+        for entry in entries:
+            unknown = set(entry) - ENV_KEYS
+            if unknown or not isinstance(entry.get("env_id"), str):
+                raise ConfigError(f"an environment entry takes env_id (required) and "
+                                  f"{sorted(ENV_KEYS - {'env_id'})}; got {sorted(entry)}")
+            spec = {"taskset": dict(taskset or {}), "harness": harness, "runtime": runtime,
+                    "env": dict(env or {}), "limit": limit, **entry}
+            if not isinstance(spec["harness"], str) or not spec["harness"]:
+                raise ConfigError(f"harness: give a verifiers harness id, got "
+                                  f"{spec['harness']!r} (for the chat loop write \"null\" in "
+                                  "quotes: YAML reads null as none)")
+            if spec["env_id"] in self.settings:
+                raise ConfigError(f"envs: {spec['env_id']!r} is listed twice")
+            self.settings[spec.pop("env_id")] = spec
+        self.env_id = next(iter(self.settings))
         self.model = model
         self.max_tokens = max_tokens
         self.temperature = temperature
-        self.limit = limit
-        self.config = env_config(env_id, self.taskset, harness, runtime, self.env_settings)
-        self._env: Any = None
-        self._tasks: list[Any] = []
+        self.configs = {eid: env_config(eid, s["taskset"], s["harness"], s["runtime"], s["env"])
+                        for eid, s in self.settings.items()}
+        self._served: dict[str, tuple[Any, list[Any]]] = {}
         self._stack: contextlib.AsyncExitStack | None = None
         self._lock: asyncio.Lock | None = None
         self._episodes = 0
@@ -193,22 +216,24 @@ class VerifiersAgent:
         self._turns = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        # subprocess mode pickles the agent: each worker loads and serves its own environment
-        return {**self.__dict__, "_env": None, "_tasks": [], "_stack": None, "_lock": None}
+        # subprocess mode pickles the agent: each worker loads and serves its own environments
+        return {**self.__dict__, "_served": {}, "_stack": None, "_lock": None}
 
-    async def _serving(self) -> tuple[Any, list[Any]]:
-        """The environment, serving (interception, shared tools) until `aclose`."""
+    async def _serving(self, env_id: str | None = None) -> tuple[Any, list[Any]]:
+        """The environment `env_id` (the first by default) and its tasks, serving
+        (interception, shared tools) until `aclose`."""
+        env_id = env_id or self.env_id
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if self._env is None:
+            if env_id not in self._served:
                 vf = require()
-                env = vf.load_environment(self.config)
-                stack = contextlib.AsyncExitStack()
-                await stack.enter_async_context(env.serving())
-                self._env, self._stack = env, stack
-                self._tasks = _tasks(env, self.limit)
-        return self._env, self._tasks
+                env = vf.load_environment(self.configs[env_id])
+                if self._stack is None:
+                    self._stack = contextlib.AsyncExitStack()
+                await self._stack.enter_async_context(env.serving())
+                self._served[env_id] = (env, _tasks(env, self.settings[env_id]["limit"]))
+        return self._served[env_id]
 
     def model_context(self, base_url: str, api_key: str) -> Any:
         """verifiers' model context for one episode: the session URL, its key, the sampling."""
@@ -230,10 +255,11 @@ class VerifiersAgent:
         if not isinstance(spec, Mapping) or "index" not in spec:
             raise InvalidRequest(f"a verifiers item needs {SPEC_KEY!r} with an index (from "
                                  f"make_items); got keys {sorted(data)}")
-        if spec.get("env_id", self.env_id) != self.env_id:
-            raise InvalidRequest(f"the item is a task of {spec['env_id']!r}, this agent runs "
-                                 f"{self.env_id!r}")
-        env, tasks = await self._serving()
+        env_id = spec.get("env_id", self.env_id)
+        if env_id not in self.settings:
+            raise InvalidRequest(f"the item is a task of {env_id!r}, this agent runs "
+                                 f"{', '.join(map(repr, self.settings))}")
+        env, tasks = await self._serving(env_id)
         index = int(spec["index"])
         if not 0 <= index < len(tasks):
             raise InvalidRequest(f"task index {index} outside the taskset's {len(tasks)} tasks")
@@ -251,10 +277,10 @@ class VerifiersAgent:
                 if trace.last_error is not None:
                     err = trace.last_error
                     errors += f"; {trace.agent.name}: {err.type}: {err.message[-500:]}"
-            raise EpisodeFailed(f"verifiers episode of {self.env_id!r} task {index} failed: "
+            raise EpisodeFailed(f"verifiers episode of {env_id!r} task {index} failed: "
                                 f"{errors.strip('; ') or 'no trace'}")
         self._turns += sum(trace.num_turns for trace in episode.traces)
-        return episode_reward(episode, base_url, self.env_id)
+        return episode_reward(episode, base_url, env_id)
 
     def counters(self) -> dict[str, float]:
         """Episodes run and failed, and the model turns of the finished ones."""
@@ -264,7 +290,7 @@ class VerifiersAgent:
     async def aclose(self) -> None:
         """Stop serving the environment (interception server, shared tool servers)."""
         if self._stack is not None:
-            stack, self._stack, self._env = self._stack, None, None
+            stack, self._stack, self._served = self._stack, None, {}
             await stack.aclose()
 
 
