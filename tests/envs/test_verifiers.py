@@ -214,8 +214,8 @@ def test_one_grpo_step_on_a_tool_and_a_multi_turn_environment_with_the_real_mode
     data.write_text("".join(json.dumps(i) + "\n" for i in items))
     kwargs = {"envs": [{"env_id": "vf-calculator", "taskset": {"num_tasks": 1}},
                        {"env_id": "vf-retry", "taskset": {"num_tasks": 1},
-                        "env": {"max_attempts": 3}}],
-              "max_tokens": 40}
+                        "env": {"max_attempts": 2}}],
+              "max_tokens": 32}
     config = tmp_path / "config.yaml"
     config.write_text(f"""
 experiment_name: vf
@@ -229,7 +229,7 @@ rollout: {{group_size: 2, batch_size: 2, dynamic_sampling: false, progress: fals
 train: {{total_steps: 1, drop_uniform_groups: false, checkpoint_every: 0}}
 """)
     proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "train", str(config)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
                           env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "vf" / "smoke"

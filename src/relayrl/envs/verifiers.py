@@ -141,9 +141,11 @@ def load_env(env_id: str, taskset: Mapping[str, Any] | None = None, harness: str
 
 
 def make_items(env_id: str, taskset: Mapping[str, Any] | None = None,
-               limit: int | None = None) -> list[dict[str, Any]]:
-    """One item per task of the environment's taskset (the first `limit`)."""
-    tasks = _tasks(load_env(env_id, taskset), limit)
+               limit: int | None = None,
+               env: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One item per task of the environment's taskset (the first `limit`); `env` as the
+    agent's env-level settings."""
+    tasks = _tasks(load_env(env_id, taskset, env=env), limit)
     spec = {"env_id": env_id, "taskset": dict(taskset or {})}
     return [{SPEC_KEY: {**spec, "index": i}, "prompt": _prompt_text(t)}
             for i, t in enumerate(tasks)]
@@ -159,8 +161,7 @@ def _tasks(env: Any, limit: int | None) -> list[Any]:
 
 
 def _prompt_text(task: Any) -> str:
-    prompt = task.data.prompt
-    return prompt if isinstance(prompt, str) else str(prompt)
+    return str(task.data.prompt_text)  # a Messages prompt: its messages' text
 
 
 ENV_KEYS = frozenset({"env_id", "taskset", "harness", "runtime", "env", "limit"})
