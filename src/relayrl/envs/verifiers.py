@@ -1,4 +1,5 @@
-"""verifiers environments (v1, `verifiers` 0.4) as relayrl episodes, run by verifiers' own code.
+"""verifiers environments (`verifiers` 0.4, whose API is `verifiers.v1`) as relayrl episodes, run
+by verifiers' own code.
 
     items = make_items("my-env", taskset={"num_tasks": 64})
     train(cfg, items, workflow="relayrl.envs.verifiers:VerifiersAgent",
@@ -6,13 +7,28 @@
 
 An installed environment package is loaded by its id the way verifiers loads it
 (`vf.resolve_env_config` then `vf.load_environment`: the taskset package exporting its
-`Taskset`, and its own `Env` when it ships one). Each episode is one `env.run_slot` (verifiers'
-rollout: the harness program, its interception server, tools, `@vf.reward` functions and
-judges) whose model client is an OpenAI-compatible endpoint: the episode's session URL, with the
-session key as its bearer token. The reward is the episode's (the sum of its traces' weighted
-rewards). verifiers' training client (`TrainClientConfig`: client-side tokenization against a
-vLLM generate endpoint, to get token ids) is not used: the gateway renders and records every
-call's token ids and logprobs itself, so the evaluation client is all an episode needs.
+`Taskset`, and its own `Env` when it ships one). verifiers 0.4 has no `MultiTurnEnv`/`ToolEnv`
+classes and no `load_environment(**kwargs)` entry point any more: a tool environment is a task
+whose `toolsets` are `vf.Toolset`s of `@vf.tool` functions (served over MCP per rollout), and a
+multi-turn environment is an `Env` whose `run` holds an `Interaction` open and answers each
+turn. Both run here unchanged.
+
+Each episode is one `env.run_slot` (verifiers' rollout: the harness program, its interception
+server, tools, the env's own turn loop, `@vf.reward` functions and judges) whose model client is
+an OpenAI-compatible endpoint: the episode's session URL, with the session key as its bearer
+token. Every model call of the rollout, every turn and every tool round, is one call on that
+session, recorded token-exact by the gateway; a conversation that only grows extends one
+segment. The reward is the episode's: the sum of its trainable traces' weighted rewards
+(verifiers' rubric scores a trace, one agent's run, never a single call, so there are no
+per-call rewards to pass on).
+
+What is switched off, and why: verifiers' training client (`TrainClientConfig`: client-side
+tokenization with `renderers` against a vLLM `/inference/v1/generate` endpoint, to get token ids
+and logprobs) is not used; the gateway renders and records every call's token ids, logprobs and
+weight version itself, so the evaluation client (`EvalClientConfig`) is all an episode needs, and
+no sampling extra asking for tokens (`logprobs`, `return_token_ids`) is sent. verifiers' own
+retries are refused: a retried attempt's calls would stay in the episode's session and be
+trained with the retry's reward (relayrl aborts a failed episode instead).
 
 An item names a task by its position in the taskset (`{"verifiers": {"env_id", "taskset",
 "index"}, "prompt"}`); the agent loads the environment once and serves it (interception,
@@ -28,7 +44,7 @@ import contextlib
 import difflib
 import importlib.util
 import pkgutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from relayrl.errors import ConfigError, EpisodeFailed, InvalidRequest
@@ -70,22 +86,51 @@ def check_env_id(env_id: str) -> None:
                       f"{hint}")
 
 
+def _roles(config_type: Any) -> dict[str, Any]:
+    """The env config's agent seats (fields whose default is an `AgentConfig`), by name."""
+    vf = require()
+    return {name: field.default for name, field in config_type.model_fields.items()
+            if isinstance(field.default, vf.AgentConfig)}
+
+
 def env_config(env_id: str, taskset: Mapping[str, Any] | None = None,
                harness: str = "null", runtime: str = "subprocess",
                env: Mapping[str, Any] | None = None) -> Any:
-    """verifiers' `EnvConfig` for an installed environment: its taskset id and settings, the
-    agent's harness and runtime, and env-level settings (`env`)."""
+    """verifiers' `EnvConfig` for an installed environment: its taskset id and settings, each
+    agent seat's harness and runtime (where the environment does not pin them), and env-level
+    settings (`env`)."""
     vf = require()
     check_env_id(env_id)
     raw: dict[str, Any] = {**dict(env or {}), "taskset": {**dict(taskset or {}), "id": env_id}}
-    agent = dict(raw.pop("agent", {}) or {})
-    agent.setdefault("harness", {"id": harness})
-    agent.setdefault("runtime", {"type": runtime})
-    raw["agent"] = agent
     try:
-        return vf.resolve_env_config(raw)
+        config_type = vf.env_config_type(env_id, raw.get("id") or "")
+    except (ImportError, TypeError, ValueError, AttributeError) as e:
+        raise ConfigError(f"verifiers environment {env_id!r} does not load: {e}") from e
+    for name, default in _roles(config_type).items():
+        seat = dict(raw.get(name) or {})
+        if default.harness is None:  # the env leaves the harness to the run
+            seat.setdefault("harness", {"id": harness})
+        if default.runtime.type == "prime":  # AgentConfig's own default: a remote sandbox
+            seat.setdefault("runtime", {"type": runtime})
+        raw[name] = seat
+    try:
+        config = vf.resolve_env_config(raw)
     except ValueError as e:  # pydantic's ValidationError is a ValueError
         raise ConfigError(f"verifiers environment {env_id!r}: {e}") from e
+    _refuse_retries(env_id, config)
+    return config
+
+
+def _refuse_retries(env_id: str, config: Any) -> None:
+    """ConfigError when verifiers would retry an episode or an agent run: the failed attempt's
+    calls would stay in the episode's session and be trained with the retry's reward."""
+    seats = {"env": config.retries, **{name: seat.retries for name, seat in config
+                                      if isinstance(seat, require().AgentConfig)}}
+    retried = [name for name, r in seats.items() if r.max_retries or r.rules]
+    if retried:
+        raise ConfigError(f"verifiers environment {env_id!r}: retries are set ({', '.join(retried)})"
+                          "; relayrl aborts a failed episode instead (a retried attempt's calls "
+                          "would be trained with the retry's reward): leave retries unset")
 
 
 def load_env(env_id: str, taskset: Mapping[str, Any] | None = None, harness: str = "null",
@@ -96,9 +141,11 @@ def load_env(env_id: str, taskset: Mapping[str, Any] | None = None, harness: str
 
 
 def make_items(env_id: str, taskset: Mapping[str, Any] | None = None,
-               limit: int | None = None) -> list[dict[str, Any]]:
-    """One item per task of the environment's taskset (the first `limit`)."""
-    tasks = _tasks(load_env(env_id, taskset), limit)
+               limit: int | None = None,
+               env: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One item per task of the environment's taskset (the first `limit`); `env` as the
+    agent's env-level settings."""
+    tasks = _tasks(load_env(env_id, taskset, env=env), limit)
     spec = {"env_id": env_id, "taskset": dict(taskset or {})}
     return [{SPEC_KEY: {**spec, "index": i}, "prompt": _prompt_text(t)}
             for i, t in enumerate(tasks)]
@@ -114,55 +161,80 @@ def _tasks(env: Any, limit: int | None) -> list[Any]:
 
 
 def _prompt_text(task: Any) -> str:
-    prompt = task.data.prompt
-    return prompt if isinstance(prompt, str) else str(prompt)
+    return str(task.data.prompt_text)  # a Messages prompt: its messages' text
+
+
+ENV_KEYS = frozenset({"env_id", "taskset", "harness", "runtime", "env", "limit"})
+"""What one entry of `VerifiersAgent(envs=[...])` may set."""
 
 
 class VerifiersAgent:
-    """Runs one task of an installed verifiers environment per episode; returns its reward."""
+    """Runs one task of an installed verifiers environment per episode; returns its reward.
 
-    def __init__(self, env_id: str, taskset: Mapping[str, Any] | None = None,
+    One environment (`env_id` and its settings), or several (`envs`: a list of `{env_id,
+    taskset, harness, runtime, env, limit}`, unset keys taken from the agent's own arguments),
+    each item running in the environment its `env_id` names: a mix of environments trained in
+    one run."""
+
+    def __init__(self, env_id: str | None = None, taskset: Mapping[str, Any] | None = None,
                  harness: str = "null", runtime: str = "subprocess",
                  env: Mapping[str, Any] | None = None, model: str = "default",
                  max_tokens: int | None = 256, temperature: float | None = 1.0,
-                 limit: int | None = None) -> None:
-        if not isinstance(harness, str) or not harness:
-            raise ConfigError(f"harness: give a verifiers harness id, got {harness!r} (for "
-                              'the chat loop write "null" in quotes: YAML reads null as none)')
-        self.env_id = env_id
-        self.taskset = dict(taskset or {})
-        self.harness = harness
-        self.runtime = runtime
-        self.env_settings = dict(env or {})
+                 limit: int | None = None,
+                 envs: Sequence[Mapping[str, Any]] | None = None) -> None:
+        if (env_id is None) == (envs is None):
+            raise ConfigError("give env_id (one verifiers environment) or envs (a list of "
+                              "{env_id, taskset, ...}), not both or neither")
+        entries = ([{"env_id": env_id}] if envs is None else [dict(e) for e in envs])
+        if not entries:
+            raise ConfigError("envs: give at least one {env_id: ...}")
+        self.settings: dict[str, dict[str, Any]] = {}
+        for entry in entries:
+            unknown = set(entry) - ENV_KEYS
+            if unknown or not isinstance(entry.get("env_id"), str):
+                raise ConfigError(f"an environment entry takes env_id (required) and "
+                                  f"{sorted(ENV_KEYS - {'env_id'})}; got {sorted(entry)}")
+            spec = {"taskset": dict(taskset or {}), "harness": harness, "runtime": runtime,
+                    "env": dict(env or {}), "limit": limit, **entry}
+            if not isinstance(spec["harness"], str) or not spec["harness"]:
+                raise ConfigError(f"harness: give a verifiers harness id, got "
+                                  f"{spec['harness']!r} (for the chat loop write \"null\" in "
+                                  "quotes: YAML reads null as none)")
+            if spec["env_id"] in self.settings:
+                raise ConfigError(f"envs: {spec['env_id']!r} is listed twice")
+            self.settings[spec.pop("env_id")] = spec
+        self.env_id = next(iter(self.settings))
         self.model = model
         self.max_tokens = max_tokens
         self.temperature = temperature
-        self.limit = limit
-        self.config = env_config(env_id, self.taskset, harness, runtime, self.env_settings)
-        self._env: Any = None
-        self._tasks: list[Any] = []
+        self.configs = {eid: env_config(eid, s["taskset"], s["harness"], s["runtime"], s["env"])
+                        for eid, s in self.settings.items()}
+        self._served: dict[str, tuple[Any, list[Any]]] = {}
         self._stack: contextlib.AsyncExitStack | None = None
         self._lock: asyncio.Lock | None = None
         self._episodes = 0
         self._failed = 0
+        self._turns = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        # subprocess mode pickles the agent: each worker loads and serves its own environment
-        return {**self.__dict__, "_env": None, "_tasks": [], "_stack": None, "_lock": None}
+        # subprocess mode pickles the agent: each worker loads and serves its own environments
+        return {**self.__dict__, "_served": {}, "_stack": None, "_lock": None}
 
-    async def _serving(self) -> tuple[Any, list[Any]]:
-        """The environment, serving (interception, shared tools) until `aclose`."""
+    async def _serving(self, env_id: str | None = None) -> tuple[Any, list[Any]]:
+        """The environment `env_id` (the first by default) and its tasks, serving
+        (interception, shared tools) until `aclose`."""
+        env_id = env_id or self.env_id
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if self._env is None:
+            if env_id not in self._served:
                 vf = require()
-                env = vf.load_environment(self.config)
-                stack = contextlib.AsyncExitStack()
-                await stack.enter_async_context(env.serving())
-                self._env, self._stack = env, stack
-                self._tasks = _tasks(env, self.limit)
-        return self._env, self._tasks
+                env = vf.load_environment(self.configs[env_id])
+                if self._stack is None:
+                    self._stack = contextlib.AsyncExitStack()
+                await self._stack.enter_async_context(env.serving())
+                self._served[env_id] = (env, _tasks(env, self.settings[env_id]["limit"]))
+        return self._served[env_id]
 
     def model_context(self, base_url: str, api_key: str) -> Any:
         """verifiers' model context for one episode: the session URL, its key, the sampling."""
@@ -184,15 +256,17 @@ class VerifiersAgent:
         if not isinstance(spec, Mapping) or "index" not in spec:
             raise InvalidRequest(f"a verifiers item needs {SPEC_KEY!r} with an index (from "
                                  f"make_items); got keys {sorted(data)}")
-        if spec.get("env_id", self.env_id) != self.env_id:
-            raise InvalidRequest(f"the item is a task of {spec['env_id']!r}, this agent runs "
-                                 f"{self.env_id!r}")
-        env, tasks = await self._serving()
+        env_id = spec.get("env_id", self.env_id)
+        if env_id not in self.settings:
+            raise InvalidRequest(f"the item is a task of {env_id!r}, this agent runs "
+                                 f"{', '.join(map(repr, self.settings))}")
+        env, tasks = await self._serving(env_id)
         index = int(spec["index"])
         if not 0 <= index < len(tasks):
             raise InvalidRequest(f"task index {index} outside the taskset's {len(tasks)} tasks")
-        ctx = self.model_context(extra_kwargs.get("base_url") or os.environ["OPENAI_BASE_URL"],
-                                 extra_kwargs.get("api_key") or os.environ["OPENAI_API_KEY"])
+        base_url = extra_kwargs.get("base_url") or os.environ["OPENAI_BASE_URL"]
+        ctx = self.model_context(base_url, extra_kwargs.get("api_key")
+                                 or os.environ["OPENAI_API_KEY"])
         slot = env.slots(tasks[index], 1)[0]
         episode = await env.run_slot(slot, ctx)
         self._episodes += 1
@@ -200,16 +274,45 @@ class VerifiersAgent:
             # a harness, tool or scorer failure is not a wrong answer: abort, never score 0
             self._failed += 1
             errors = "; ".join(f"{e.type}: {e.message}" for e in episode.errors[-3:])
-            raise EpisodeFailed(f"verifiers episode of {self.env_id!r} task {index} failed: "
-                                f"{errors or 'no trace'}")
-        return float(sum(trace.reward for trace in episode.traces))
+            for trace in episode.traces:
+                if trace.last_error is not None:
+                    err = trace.last_error
+                    errors += f"; {trace.agent.name}: {err.type}: {err.message[-500:]}"
+            raise EpisodeFailed(f"verifiers episode of {env_id!r} task {index} failed: "
+                                f"{errors.strip('; ') or 'no trace'}")
+        self._turns += sum(trace.num_turns for trace in episode.traces)
+        return episode_reward(episode, base_url, env_id)
 
     def counters(self) -> dict[str, float]:
-        """Episodes run and failed."""
-        return {"episodes": self._episodes, "failed_episodes": self._failed}
+        """Episodes run and failed, and the model turns of the finished ones."""
+        return {"episodes": self._episodes, "failed_episodes": self._failed,
+                "model_turns": self._turns}
 
     async def aclose(self) -> None:
         """Stop serving the environment (interception server, shared tool servers)."""
         if self._stack is not None:
-            stack, self._stack, self._env = self._stack, None, None
+            stack, self._stack, self._served = self._stack, None, {}
             await stack.aclose()
+
+
+def episode_reward(episode: Any, base_url: str, env_id: str) -> float:
+    """The reward of a finished verifiers episode: its trainable traces' rewards, summed.
+
+    A seat the environment marks untrainable (a simulated user, a judge agent) whose calls went
+    to the episode's session would put another model's turns into the policy's rows: that
+    episode fails with the seat to pin to its own client."""
+    leaked = [t.agent.name for t in episode.traces if not t.agent.trainable and t.num_turns
+              and _client_url(t) == base_url.rstrip("/")]
+    if leaked:
+        raise EpisodeFailed(f"verifiers environment {env_id!r}: the untrainable seat(s) "
+                            f"{', '.join(sorted(set(leaked)))} called the policy's session; give "
+                            "each its own model endpoint (env: {<seat>: {client: {base_url: "
+                            "..., api_key_var: ...}}}) so only the policy's calls are trained")
+    trainable = [t for t in episode.traces if t.agent.trainable]
+    return float(sum(t.reward for t in trainable))
+
+
+def _client_url(trace: Any) -> str | None:
+    client = getattr(trace.agent.config, "client", None)
+    url = getattr(client, "base_url", None)
+    return url.rstrip("/") if isinstance(url, str) else None
