@@ -22,10 +22,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -36,8 +37,10 @@ RESULTS_DIR = Path(os.environ.get("RELAYRL_BENCH_RESULTS") or ROOT / "benchmarks
 ISA_FLAGS = (("amx_bf16", "AMX-BF16"), ("amx_tile", "AMX-TILE"), ("avx512_bf16", "AVX512-BF16"),
              ("avx512f", "AVX512F"), ("avx2", "AVX2"))
 """The /proc/cpuinfo flags that decide which kernels an engine or trainer can use, and their names."""
-SMOKE_LAYERS = 2
-"""Decoder layers of the smoke runs' stand-in model (the default model's shapes otherwise)."""
+SMOKE_SHAPES = {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 256,
+                "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64}
+"""The smoke runs' stand-in model: the default model's tokenizer, vocabulary and head size, two
+narrow layers (seconds where the real model takes minutes on a loaded 2-core machine)."""
 
 
 # -- the machine and its load ---------------------------------------------------------------------
@@ -127,6 +130,45 @@ def best_of_rounds(measures: dict[str, Callable[[], R]], n: int, seconds: Callab
     return {name: best[name] for name in measures if name in best}
 
 
+@dataclass
+class Timings(Generic[R]):
+    """What `timed_rounds` measured."""
+
+    seconds: dict[str, list[float]]
+    """Each measured round's wall time, by arm, in round order."""
+    warmup_s: dict[str, float]
+    """Each arm's last warm-up round."""
+    last: dict[str, R]
+    """Each arm's last result."""
+
+
+def timed_rounds(arms: dict[str, Callable[[], R]], n: int, warmup: int = 1,
+                 each: Callable[[str, int], None] | None = None) -> Timings[R]:
+    """Wall time of every arm in `warmup` rounds, then `n` measured ones, interleaved."""
+    out: Timings[R] = Timings({name: [] for name in arms}, {}, {})
+    for r, name in rounds(list(arms), warmup + n):
+        start = time.perf_counter()
+        out.last[name] = arms[name]()
+        elapsed = time.perf_counter() - start
+        if r < warmup:
+            out.warmup_s[name] = elapsed
+        else:
+            out.seconds[name].append(elapsed)
+        if each is not None:
+            each(name, r)
+    return out
+
+
+def rounds_table(seconds: dict[str, list[float]]) -> list[str]:
+    """A Markdown table of every round's seconds, one column an arm."""
+    names = list(seconds)
+    lines = ["| round | " + " | ".join(f"{n} s" for n in names) + " |",
+             "| ---: |" + " ---: |" * len(names)]
+    for i in range(min(len(v) for v in seconds.values())):
+        lines.append(f"| {i + 1} | " + " | ".join(f"{seconds[n][i]:.2f}" for n in names) + " |")
+    return lines
+
+
 def per_round_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
     """a / b round by round (both measured in the same rounds)."""
     return [x / y for x, y in zip(a, b, strict=True)]
@@ -193,17 +235,18 @@ def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
 
 
 def smoke_model() -> str:
-    """The smoke runs' model: the default model's config and tokenizer, SMOKE_LAYERS layers, random
+    """The smoke runs' model: the default model's config and tokenizer with SMOKE_SHAPES, random
     weights (made once under $RELAYRL_HOME). Only for checking that code runs; never for a figure."""
     from relayrl.models import DEFAULT_MODEL, model_path, relay_home
 
-    dst = relay_home() / "benchmarks" / f"smoke-{DEFAULT_MODEL}-{SMOKE_LAYERS}-layers"
+    shape = "-".join(str(v) for v in SMOKE_SHAPES.values())
+    dst = relay_home() / "benchmarks" / f"smoke-{DEFAULT_MODEL}-{shape}"
     if not (dst / "config.json").exists():
         from benchmarks.standin_model import make_standin
 
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=dst.parent))
-        make_standin(Path(model_path(DEFAULT_MODEL)), tmp, layers=SMOKE_LAYERS)
+        make_standin(Path(model_path(DEFAULT_MODEL)), tmp, overrides=SMOKE_SHAPES)
         try:  # renamed into place whole: two smokes making it at once leave one complete copy
             tmp.rename(dst)
         except OSError:
@@ -233,6 +276,7 @@ class Run:
     started: str = field(default_factory=utc_now)
     load_before: float = field(default_factory=load_average)
     load_after: float | None = None
+    lines: list[str] = field(default_factory=list)
 
     @classmethod
     def start(cls, name: str, args: argparse.Namespace, argv: Sequence[str] | None) -> Run:
@@ -242,6 +286,11 @@ class Run:
         print(f"machine: {run.machine.describe()}; load average before {run.load_before:.2f}"
               + ("; SMOKE RUN: tiny sizes, no figure" if run.smoke else ""), flush=True)
         return run
+
+    def say(self, line: str = "") -> None:
+        """Print a line of the report and keep it for the results writer."""
+        print(line, flush=True)
+        self.lines.append(line)
 
     @property
     def command(self) -> str:
@@ -267,6 +316,7 @@ class Run:
         Returns the JSON lines file, or None with --no-write.
         """
         self.load()
+        markdown = markdown or "\n".join(self.lines)
         if not self.write:
             print(f"load average after {self.load_after:.2f}", flush=True)
             return None

@@ -43,9 +43,6 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("gpu", "benchmarks.bench_gpu",
               "LocalEngine and Actor.update on a CUDA GPU against transformers there",
               needs="a CUDA GPU (the smoke runs the same code on the CPU)"),
-    Benchmark("gateway", "benchmarks.bench_gateway",
-              "gateway req/s and latency over FakeEngine, loaded by wrk",
-              needs="Debian's wrk for the load (the smoke times the engine baseline alone)"),
     Benchmark("vs-areal", "benchmarks.bench_vs_areal",
               "the gateway against AReaL's agent proxy and a do-nothing server, same client",
               needs="AReaL's venv (.venv-areal, scripts/install_areal.sh) for the AReaL and "

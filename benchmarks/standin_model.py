@@ -7,7 +7,8 @@ packaged model's GGUF is over the size that travels): copy SRC_DIR's small files
 tokenizer, chat template) here, carry them, and run this there with SRC_DIR = DST_DIR to add the
 weights. Throughput depends on shapes, not on values, so `bench_train.py --model DST_DIR` times
 the same work as on the real model; nothing that judges outputs may use a stand-in. `--layers N`
-keeps only N decoder layers: the smoke runs' model (`harness.smoke_model`), never a figure's.
+keeps only N decoder layers. The smoke runs' model (`harness.smoke_model`) is a narrower one still,
+to check code, never for a figure.
 """
 
 from __future__ import annotations
@@ -26,15 +27,18 @@ SMALL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "token
                "chat_template.jinja", "special_tokens_map.json")
 
 
-def make_standin(src: Path, dst: Path, seed: int = 0, layers: int | None = None) -> Path:
+def make_standin(src: Path, dst: Path, seed: int = 0, layers: int | None = None,
+                 overrides: dict[str, int] | None = None) -> Path:
     """Copy `src`'s config and tokenizer files into `dst` and write fresh weights from the config
-    (with `layers` decoder layers, if given)."""
+    (with `layers` decoder layers and the config's `overrides`, if given)."""
     dst.mkdir(parents=True, exist_ok=True)
     for name in SMALL_FILES:
         if (src / name).is_file() and src.resolve() != dst.resolve():
             shutil.copy2(src / name, dst / name)
     torch.manual_seed(seed)
     config = AutoConfig.from_pretrained(dst)
+    for key, value in (overrides or {}).items():
+        setattr(config, key, value)
     if layers is not None:
         config.num_hidden_layers = layers
         if getattr(config, "layer_types", None):
