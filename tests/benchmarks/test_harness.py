@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from benchmarks.registry import BENCHMARKS, get
 
 from benchmarks import harness
-from benchmarks.registry import BENCHMARKS, get
 
 ROOT = Path(__file__).resolve().parents[2]
 CPUINFO = """processor\t: 0

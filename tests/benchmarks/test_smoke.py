@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from benchmarks.registry import BENCHMARKS, Benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
