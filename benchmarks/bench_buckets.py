@@ -4,7 +4,7 @@ against the pieces split into two length buckets (two calls), forward and backwa
 The piece lengths are the main job's (the completions of two RL steps of seed 1, 2026-11-29,
 `rollout.dump_root` dumps); they attend to a 300-token shared prefix, as the agent's system prompt
 and tools, with SmolLM2-135M's heads. A measurement for a change not made yet: the actor pads
-every piece of a micro-batch to its longest. Run: `python benchmarks/bench_buckets.py`.
+every piece of a micro-batch to its longest. Run: `python -m benchmarks buckets`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from benchmarks import harness
+
+NAME = "buckets"
 
 HEADS, KV_HEADS, PREFIX, HEAD_DIM = 9, 3, 300, 64
 STEPS = {
@@ -57,19 +61,30 @@ def timed(calls: Sequence[Callable[[], None]], repeats: int = 6) -> float:
     return (time.perf_counter() - start) / repeats * 1e3
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Print one call against two buckets, twice per step's lengths, interleaved."""
+    ap = harness.parser(NAME, __doc__)
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds per step")
+    ap.add_argument("--repeats", type=int, default=6, help="timed repeats of a call in a round")
+    args = ap.parse_args(argv)
+    steps = STEPS
+    if args.smoke:  # the first step's shortest pieces, once
+        steps = {"step 2": STEPS["step 2"][:4]}
+        args.rounds, args.repeats = 1, 1
+    run = harness.Run.start(NAME, args, argv)
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    for name, lengths in STEPS.items():
+    for name, lengths in steps.items():
         ls = sorted(lengths)
         cut = best_split(ls)
-        whole, split = [one_call(ls)], [one_call(ls[:cut]), one_call(ls[cut:])]
-        for _ in range(2):
-            a, b = timed(whole), timed(split)
-            print(f"{name}: {len(ls)} pieces of {ls[0]}-{ls[-1]} tokens, buckets of {cut} and "
-                  f"{len(ls) - cut}: one call {a:.1f} ms, two buckets {b:.1f} ms ({a / b:.2f}x)",
-                  flush=True)
+        arms = {"one call": [one_call(ls)], "two buckets": [one_call(ls[:cut]),
+                                                             one_call(ls[cut:])]}
+        for r in range(args.rounds):
+            ms = {arm: timed(arms[arm], args.repeats) for arm in harness.order(list(arms), r)}
+            a, b = ms["one call"], ms["two buckets"]
+            run.say(f"{name}: {len(ls)} pieces of {ls[0]}-{ls[-1]} tokens, buckets of {cut} and "
+                    f"{len(ls) - cut}: one call {a:.1f} ms, two buckets {b:.1f} ms ({a / b:.2f}x)")
+    run.finish()
 
 
 if __name__ == "__main__":

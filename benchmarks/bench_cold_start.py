@@ -3,7 +3,7 @@
 Run by hand, under the shared benchmark lock (AReaL's venv from `scripts/install_areal.sh` is
 optional):
 
-    flock /tmp/relayrl-bench.lock python benchmarks/bench_cold_start.py [--rounds 3]
+    flock /tmp/relayrl-bench.lock python -m benchmarks cold-start [--rounds 3]
 
 What a user waits for after typing the command: each server is started as a fresh process, and
 the clock runs from the launch until a chat completion inside a session has been answered (the
@@ -15,18 +15,17 @@ not yet open. Then the process's resident memory (VmRSS) and its peak (VmHWM) ar
   - `relayrl gateway --engine local`: the same with the default model in process (weights
     loaded, the engine started): what serving the real policy costs to start;
   - AReaL 1.0.4's proxy rollout server over a mock engine and the same tokenizer (exactly as
-    bench_vs_areal.py serves it), when AReaL's venv is there.
+    vs-areal serves it), when AReaL's venv is there.
 Rounds are interleaved (the servers' order alternates); the table shows each round and the
 median. The packaged model is provisioned before the first round, so no round converts it.
+`--smoke` runs one round, the local-engine gateway on the smoke runs' stand-in model.
 """
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,12 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import bench_vs_areal as b  # noqa: E402
+from benchmarks import bench_vs_areal as b
+from benchmarks import harness
+from relayrl.models import DEFAULT_MODEL, model_path
 
-from relayrl.models import DEFAULT_MODEL, model_path  # noqa: E402
-
+NAME = "cold-start"
 ADMIN = b.ADMIN
 POLL_S = 0.02
 TIMEOUT_S = 180.0
@@ -57,13 +55,6 @@ class Launch:
     chat_path: str
     grant_capacity: bool  # AReaL: a session needs a capacity grant first
     port_from_file: bool  # AReaL's child picks its own port and writes it to the port file
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on (the server binds it a moment later)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def post(port: int, path: str, key: str, payload: dict) -> dict:
@@ -103,7 +94,7 @@ def memory_mb(pid: int) -> tuple[float, float]:
 def measure(launch: Launch) -> dict[str, float]:
     """Launch the server, time its first recorded answer, read its memory, stop it."""
     port_file = tempfile.mktemp()
-    port = 0 if launch.port_from_file else free_port()
+    port = 0 if launch.port_from_file else harness.free_port()
     t0 = time.perf_counter()
     proc = subprocess.Popen(launch.argv(port, port_file), env=launch.env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -139,28 +130,29 @@ def measure(launch: Launch) -> dict[str, float]:
             os.unlink(port_file)
 
 
-def launches(model_dir: str, with_areal: bool) -> list[Launch]:
+def launches(model_dir: str, with_areal: bool, local_model: str = DEFAULT_MODEL) -> list[Launch]:
     """The servers to measure (AReaL's only where its venv is there)."""
     cli = Path(sys.executable).parent / "relayrl"
     relayrl = [str(cli)] if cli.exists() else [sys.executable, "-m", "relayrl.cli"]
 
-    def gateway(engine: str) -> Callable[[int, str], list[str]]:
+    def gateway(engine: str, model: str = DEFAULT_MODEL) -> Callable[[int, str], list[str]]:
         return lambda port, _file: [*relayrl, "gateway", "--engine", engine, "--model",
-                                    DEFAULT_MODEL, "--port", str(port), "--admin-key", ADMIN]
+                                    model, "--port", str(port), "--admin-key", ADMIN]
 
+    which = "the default model" if local_model == DEFAULT_MODEL else Path(local_model).name
     out = [Launch("relayrl gateway --engine fake", gateway("fake"), dict(os.environ),
                   "/v1/chat/completions", False, False),
-           Launch("relayrl gateway --engine local (the default model)", gateway("local"),
+           Launch(f"relayrl gateway --engine local ({which})", gateway("local", local_model),
                   dict(os.environ), "/v1/chat/completions", False, False)]
     venv = b.areal_venv() if with_areal else None
     if venv is not None:
-        env = {**os.environ, "AREAL_PROXY_WARN_ONCE": "1", "PYTHONPATH": "",
+        env = {**os.environ, "AREAL_PROXY_WARN_ONCE": "1", "PYTHONPATH": str(harness.ROOT),
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
         python = str(venv / "bin" / "python")
         out.append(Launch("AReaL 1.0.4 proxy (mock engine)",
-                          lambda _port, file: [python, b.__file__, "--serve-areal", model_dir,
-                                               file],
+                          lambda _port, file: harness.child_command(
+                              b.NAME, "--serve-areal", model_dir, file, python=python),
                           env, "/chat/completions", True, True))
     elif with_areal:
         print("AReaL's venv is missing (scripts/install_areal.sh makes it): relayrl alone",
@@ -168,31 +160,36 @@ def launches(model_dir: str, with_areal: bool) -> list[Launch]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run the interleaved rounds and print the table."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(NAME, __doc__)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--relayrl-only", action="store_true", help="do not start AReaL")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    local_model = DEFAULT_MODEL
+    if args.smoke:
+        args.rounds, local_model = 1, harness.smoke_model()
+    run = harness.Run.start(NAME, args, argv)
     model_dir = str(model_path(DEFAULT_MODEL))  # provisioned here, outside every timed round
-    servers = launches(model_dir, not args.relayrl_only)
-    print(f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-          f"load average at the start {os.getloadavg()}", flush=True)
+    servers = launches(model_dir, not args.relayrl_only, local_model)
+    print(f"date {harness.utc_now()}; load average at the start {run.load_before:.2f}",
+          flush=True)
     got: dict[str, list[dict[str, float]]] = {s.name: [] for s in servers}
-    for r in range(args.rounds):
-        for s in servers if r % 2 == 0 else servers[::-1]:
-            got[s.name].append(measure(s))
-            print(f"round {r + 1}: {s.name}: {got[s.name][-1]['s']:.2f} s", flush=True)
-    print(f"load average at the end {os.getloadavg()}", flush=True)
-    print("\n| server | launch to first answer, s (median; each round) | RSS then, MB | "
-          "peak RSS, MB |")
-    print("| --- | --- | ---: | ---: |")
+    for r, s in harness.rounds(servers, args.rounds):
+        got[s.name].append(measure(s))
+        print(f"round {r + 1}: {s.name}: {got[s.name][-1]['s']:.2f} s", flush=True)
+    run.say(f"load average at the end {harness.load_average():.2f}")
+    run.say("")
+    run.say("| server | launch to first answer, s (median; each round) | RSS then, MB | "
+            "peak RSS, MB |")
+    run.say("| --- | --- | ---: | ---: |")
     for s in servers:
         xs = got[s.name]
         secs = ", ".join(f"{x['s']:.2f}" for x in xs)
-        print(f"| {s.name} | **{statistics.median(x['s'] for x in xs):.2f}** ({secs}) | "
-              f"{statistics.median(x['rss'] for x in xs):.0f} | "
-              f"{statistics.median(x['peak'] for x in xs):.0f} |")
+        run.say(f"| {s.name} | **{statistics.median(x['s'] for x in xs):.2f}** ({secs}) | "
+                f"{statistics.median(x['rss'] for x in xs):.0f} | "
+                f"{statistics.median(x['peak'] for x in xs):.0f} |")
+    run.finish(metrics=got)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """LocalEngine throughput against plain transformers `generate`, same model, same process.
 
-Run by hand:  python benchmarks/bench_engine.py [--model NAME] [--new-tokens 128] [--no-write]
+Run by hand:  python -m benchmarks engine [--model NAME] [--new-tokens 128] [--no-write]
 
 Every request asks for exactly `--new-tokens` tokens (no stop ids, so the end-of-turn token does
 not end it; `min_new_tokens` does the same for `generate`). Measured, with torch on 2 threads:
@@ -11,34 +11,30 @@ not end it; `min_new_tokens` does the same for `generate`). Measured, with torch
   - transformers' own continuous batching (`generate_batch`, paged cache) on the 32 requests;
   - the decode floor: weight bytes / memory bandwidth (a large tensor copy) is the least time a
     decode step can take when weights stream from memory.
-Writes the table, the command, the machine and the date into the "## LocalEngine throughput"
-section of benchmarks/RESULTS.md (other sections are left alone).
+Prints the section, and writes it with the command, machine, ISA and load through the harness's
+results writer (benchmarks/results/engine.md and .jsonl).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import datetime
-import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import torch
-from results_md import write_section
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
+from benchmarks import harness
 from relayrl.engine.local import LocalEngine
 from relayrl.models import DEFAULT_MODEL, model_path
 from relayrl.types import GenerateRequest, SamplingParams
 
-RESULTS = Path(__file__).parent / "RESULTS.md"
+NAME = "engine"
 SECTION = "## LocalEngine throughput"
 DTYPES = (torch.bfloat16, torch.float32)
 NOTES = """Notes (measured by hand on 2026-11-22, same machine):
@@ -181,30 +177,27 @@ def hf_static_measure(model, tokenizer, prompts, new: int) -> Callable[[], Row]:
     return measure
 
 
-def interleaved(measures: list[Callable[[], Row]], repeats: int, bar) -> list[Row]:
-    """Best of `repeats` rounds, each round running every measurement once.
+def interleaved(measures: list[Callable[[], Row]], repeats: int, bar: Any) -> list[Row]:
+    """Best of `repeats` interleaved rounds, each round running every measurement once."""
+    def each(_name: str, _round: int) -> None:
+        bar.update(1)
 
-    On a shared machine other work only ever slows a run down, and it comes and goes: taking
-    the best run, with every configuration sampled in every round, keeps the comparison fair.
-    """
-    best: list[Row | None] = [None] * len(measures)
-    for _ in range(repeats):
-        for i, measure in enumerate(measures):
-            row = measure()
-            bar.set_postfix_str(f"{row.name}, {row.concurrency} concurrent")
-            if best[i] is None or row.seconds < best[i].seconds:
-                best[i] = row
-            bar.update(1)
-    return [r for r in best if r is not None]
+    best = harness.best_of_rounds({str(i): m for i, m in enumerate(measures)}, repeats,
+                                  lambda row: row.seconds, each=each)
+    return list(best.values())
 
 
-def bench_hf_continuous(path: str, dtype: torch.dtype, prompts, new: int, bar) -> Row:
-    """transformers' built-in continuous batching (`generate_batch`, paged attention)."""
+def bench_hf_continuous(path: str, dtype: torch.dtype, prompts: list[list[int]], new: int,
+                        bar: Any, num_blocks: int | None = None) -> Row:
+    """transformers' built-in continuous batching (`generate_batch`, paged attention); its paged
+    cache takes most of the free memory unless `num_blocks` bounds it."""
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     bar.set_postfix_str("generate_batch (transformers continuous batching)")
     config = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1)
+    cb = ContinuousBatchingConfig(num_blocks=num_blocks) if num_blocks else None
     start = time.perf_counter()
-    outs = model.generate_batch(prompts, generation_config=config, progress_bar=False)
+    outs = model.generate_batch(prompts, generation_config=config, progress_bar=False,
+                                continuous_batching_config=cb)
     seconds = time.perf_counter() - start
     bar.update(1)
     tokens = sum(len(o.generated_tokens) for o in outs.values())
@@ -226,15 +219,8 @@ def memory_bandwidth_gbs(mib: int = 512) -> float:
 
 
 def machine() -> str:
-    """CPU model and core count."""
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        name = next(
-            line.split(":", 1)[1].strip() for line in lscpu.splitlines() if "Model name" in line
-        )
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        name = "unknown CPU"
-    return f"{name}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    """The harness's machine line (CPU, cores, ISA, torch) and torch's thread count."""
+    return f"{harness.machine().describe()}, {torch.get_num_threads()} threads"
 
 
 def render(rows: list[Row], baseline: Row, floor: str, meta: dict[str, str]) -> str:
@@ -280,9 +266,10 @@ def measure_all(path: str, tokenizer, prompts, levels, args) -> tuple:
             rows = interleaved(measures, args.repeats, bar)
             engine.close()
             engine32.close()
-            cb = bench_hf_continuous(path, dtype, prompts, n, bar)
+            # a smoke run bounds the paged cache: on a shared machine 90% of free memory is not ours
+            cb = bench_hf_continuous(path, dtype, prompts, n, bar, 16 if args.smoke else None)
             bar.set_postfix_str("memory bandwidth")
-            bandwidth = memory_bandwidth_gbs()
+            bandwidth = memory_bandwidth_gbs(64 if args.smoke else 512)
             bar.update(1)
     finally:
         engine.close()
@@ -292,21 +279,22 @@ def measure_all(path: str, tokenizer, prompts, levels, args) -> tuple:
     return rows, cb, dtype, sum(storages.values()), bandwidth
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run every measurement and report."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(NAME, __doc__)
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2, help="best of N runs per measurement")
-    ap.add_argument("--no-write", action="store_true", help="print the table only")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    levels: tuple[int, ...] = (1, 8, 32)
+    if args.smoke:
+        args.model, args.new_tokens, args.repeats, levels = harness.smoke_model(), 4, 1, (1, 2)
+    run = harness.Run.start(NAME, args, argv)
     torch.set_num_threads(args.threads)
     path = model_path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    prompts = make_prompts(tokenizer, 32)
-    levels = (1, 8, 32)
-    load_before = os.getloadavg()[0]
+    prompts = make_prompts(tokenizer, max(levels))
 
     rows, cb, dtype, wbytes, bandwidth = measure_all(path, tokenizer, prompts, levels, args)
     singles = [r for r in rows if r.name.startswith("HF generate (")]
@@ -321,18 +309,18 @@ def main() -> None:
         f"sequence, {32 / floor_s:.0f} tok/s for 32, if weight traffic were the only cost."
     )
     meta = {
-        "command": "python benchmarks/bench_engine.py " + " ".join(sys.argv[1:]),
+        "command": run.command,
         "machine": machine(),
-        "date": datetime.date.today().isoformat(),
-        "load": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",
+        "date": run.started,
+        "load": run.load(),
         "new": str(args.new_tokens),
         "repeats": str(args.repeats),
     }
     text = render([*rows, cb], baseline, floor, meta)
     print(text)
-    if not args.no_write:
-        write_section(text, SECTION)
-        print(f"written to {RESULTS}")
+    run.finish(text, {"rows": [{"name": r.name, "concurrent": r.concurrency, "tok_s": r.tok_s,
+                                "ttft_p50_s": r.ttft_p50_s} for r in [*rows, cb]],
+                      "floor_ms": floor_s * 1000})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """LocalEngine and `Actor.update` on a CUDA GPU, against transformers on the same GPU.
 
-Run by hand on a GPU machine:  python benchmarks/bench_gpu.py [--model NAME] [--out FILE]
+Run by hand on a GPU machine:  python -m benchmarks gpu [--model NAME] [--out FILE]
 
 vLLM is what a GPU user would pick for serving; it was not installable on the GPU machine this
 was written for (no network there), so the baseline here is transformers on the same GPU:
@@ -14,30 +14,32 @@ was written for (no network there), so the baseline here is transformers on the 
     the rows without a shared prefix unpadded with grouped key/value heads kept (as on the CPU;
     a candidate for CUDA, where unpadded attention repeats them today); model FLOPs (as in
     bench_train) against the measured bf16 peak of an 8192^3 matmul on this GPU.
-Prints a markdown section (and writes it to `--out`): paste it into benchmarks/RESULTS.md.
+Prints a markdown section and writes it through the harness's results writer (and to `--out`).
+`--smoke` runs the same code on the CPU at tiny sizes (no GPU needed; no figure).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import datetime
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
-from bench_engine import Row, engine_measure, interleaved, make_prompts
-from bench_train import agent_batch, param_counts, result, synthetic_batch, update_fn
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
+from benchmarks import harness
+from benchmarks.bench_engine import Row, engine_measure, interleaved, make_prompts
+from benchmarks.bench_train import agent_batch, param_counts, result, synthetic_batch, update_fn
 from relayrl.engine.local import LocalEngine
 from relayrl.models import DEFAULT_MODEL, model_path
 from relayrl.train import attention
 from relayrl.train.actor import Actor
 from relayrl.train.config import TrainConfig
+
+NAME = "gpu"
 
 LEVELS = (1, 8, 32)
 DEVICE = "cuda"
@@ -97,17 +99,19 @@ def hf_measure(model, pad: int, prompts: list[list[int]], new: int, c: int) -> C
     return measure
 
 
-def engine_rows(path: str, new: int, repeats: int) -> list[Row]:
+def engine_rows(path: str, new: int, repeats: int,
+                levels: tuple[int, ...] = LEVELS) -> list[Row]:
     """LocalEngine and transformers, interleaved, at each concurrency level."""
-    engine = LocalEngine(path, device=DEVICE, max_batch_size=max(LEVELS))
+    engine = LocalEngine(path, device=DEVICE, max_batch_size=max(levels))
     try:
-        assert engine.dtype == torch.bfloat16, engine.dtype
+        if DEVICE == "cuda":
+            assert engine.dtype == torch.bfloat16, engine.dtype
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(DEVICE).eval()
         tok = engine.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        prompts = make_prompts(tok, max(LEVELS))
+        prompts = make_prompts(tok, max(levels))
         measures = []
-        for c in LEVELS:
+        for c in levels:
             measures += [engine_measure(engine, prompts, new, c),
                          hf_measure(model, pad, prompts, new, c)]
         with tqdm(total=len(measures) * repeats, desc="engine", unit="run") as bar:
@@ -132,7 +136,8 @@ def grouped_heads_kept(keep: bool) -> Iterator[None]:
         attention._masks_grouped_heads = real
 
 
-def update_rows(path: str, repeats: int) -> list[tuple[str, str, float, float, float]]:
+def update_rows(path: str, repeats: int,
+                rows: int = 16) -> list[tuple[str, str, float, float, float]]:
     """(batch, packing, seconds, real tokens/s, model TFLOP/s) of the default update on the GPU,
     each batch unpadded (the default) and padded, the cases interleaved in every round; rows
     without a shared prefix also unpadded with their grouped key/value heads kept (a candidate
@@ -141,14 +146,14 @@ def update_rows(path: str, repeats: int) -> list[tuple[str, str, float, float, f
     actor = Actor(path, cfg, device=DEVICE)
     body, head = param_counts(actor.model)
     vocab = actor.model.config.vocab_size
-    plain, agent = synthetic_batch(16, vocab), agent_batch(16, vocab)
-    cases = [("16 rows x 394-472 tokens", plain, replace(cfg, share_prefix=False), "unpad", False),
-             ("16 rows x 394-472 tokens", plain, replace(cfg, share_prefix=False, packing="pad"),
+    plain, agent = synthetic_batch(rows, vocab), agent_batch(rows, vocab)
+    cases = [(f"{rows} rows x 394-472 tokens", plain, replace(cfg, share_prefix=False), "unpad", False),
+             (f"{rows} rows x 394-472 tokens", plain, replace(cfg, share_prefix=False, packing="pad"),
               "pad", False),
-             ("16 rows x 394-472 tokens", plain, replace(cfg, share_prefix=False),
+             (f"{rows} rows x 394-472 tokens", plain, replace(cfg, share_prefix=False),
               "unpad, KV heads kept grouped", True),
-             ("16 agent rows, shared prefix", agent, cfg, "unpad", False),
-             ("16 agent rows, shared prefix", agent, replace(cfg, packing="pad"), "pad", False)]
+             (f"{rows} agent rows, shared prefix", agent, cfg, "unpad", False),
+             (f"{rows} agent rows, shared prefix", agent, replace(cfg, packing="pad"), "pad", False)]
     fns = []
     for _, batch, case_cfg, _, keep in cases:
         actor.config = case_cfg
@@ -170,7 +175,8 @@ def update_rows(path: str, repeats: int) -> list[tuple[str, str, float, float, f
     return out
 
 
-def render(meta: dict[str, str], rows: list[Row], updates, peak: float) -> str:
+def render(meta: dict[str, str], rows: list[Row],
+           updates: list[tuple[str, str, float, float, float]], peak: float) -> str:
     """The markdown section."""
     hf = {r.concurrency: r for r in rows if r.name.startswith("HF")}
     lines = ["## On a GPU", "", f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}  ",
@@ -193,32 +199,41 @@ def render(meta: dict[str, str], rows: list[Row], updates, peak: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Measure and print the section."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(NAME, __doc__)
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None, help="also write the section to this file")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    levels, rows = LEVELS, 16
+    if args.smoke:  # the same code on the CPU: checks the script, measures nothing
+        args.device, args.model, args.new_tokens, args.repeats = "cpu", harness.smoke_model(), 4, 1
+        levels, rows = (1, 2), 4
     global DEVICE
     DEVICE = args.device
     if DEVICE == "cuda" and not torch.cuda.is_available():
-        sys.exit("bench_gpu needs a CUDA GPU")
+        sys.exit("the gpu benchmark needs a CUDA GPU (--smoke runs its code on the CPU)")
+    run = harness.Run.start(NAME, args, argv)
     path = model_path(args.model)
-    peak = matmul_peak_tflops(8192 if DEVICE == "cuda" else 1024)
-    rows = engine_rows(path, args.new_tokens, args.repeats)
-    updates = update_rows(path, args.repeats)
-    meta = {"command": "python " + " ".join(sys.argv), "date": datetime.date.today().isoformat(),
-            "machine": (torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU")
-            + f", torch {torch.__version__}",
+    peak = matmul_peak_tflops(8192 if DEVICE == "cuda" else (256 if args.smoke else 1024))
+    engine = engine_rows(path, args.new_tokens, args.repeats, levels)
+    updates = update_rows(path, args.repeats, rows)
+    gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else "no GPU (CPU)"
+    meta = {"command": run.command, "date": run.started,
+            "machine": f"{gpu}; host {harness.machine().describe()}",
             "new": str(args.new_tokens), "repeats": str(args.repeats)}
-    text = render(meta, rows, updates, peak)
+    text = render(meta, engine, updates, peak)
     print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
+    run.finish(text, {"engine": [{"name": r.name, "concurrent": r.concurrency, "tok_s": r.tok_s}
+                                 for r in engine],
+                      "updates": [{"batch": u[0], "packing": u[1], "seconds": u[2]}
+                                  for u in updates], "peak_tflops": peak})
 
 
 if __name__ == "__main__":

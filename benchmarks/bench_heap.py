@@ -3,7 +3,7 @@ with the heap kept (`relayrl.heap.keep_freed_heap`, the default since 2026-11-28
 arena, no trimming, no mmap) and with the 1 MiB `M_MMAP_THRESHOLD` relayrl set before
 2026-11-25 (every tensor over 1 MiB its own mmap).
 
-Run by hand:  python benchmarks/bench_heap.py [--rounds 2] [--updates 3] [--rows agent|random]
+Run by hand:  python -m benchmarks heap [--rounds 2] [--updates 3] [--rows agent|random]
               [--arms "glibc default" "kept heap" ...]
 
 Each arm runs in its own process (the options are process-wide and set before any thread
@@ -21,22 +21,20 @@ import argparse
 import ctypes
 import ctypes.util
 import json
-import os
 import resource
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from arm_processes import alternate
+from benchmarks import harness
 
+NAME = "heap"
 ARMS = ("glibc default", "kept heap", "1 MiB mmap threshold")
 M_MMAP_THRESHOLD = -3
 
 
-def child(arm: str, updates: int, rows: str) -> None:
+def child(arm: str, updates: int, rows: str, model: str, n_rows: int = 16) -> None:
     """One process: set the arm's allocator options, then time updates; prints one JSON line."""
     if arm == "kept heap":
         from relayrl.heap import keep_freed_heap
@@ -49,10 +47,8 @@ def child(arm: str, updates: int, rows: str) -> None:
             raise SystemExit("mallopt failed: not glibc?")
     import torch
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_train import agent_batch, synthetic_batch
-
-    from relayrl.models import DEFAULT_MODEL, model_path
+    from benchmarks.bench_train import agent_batch, synthetic_batch
+    from relayrl.models import model_path
     from relayrl.train.actor import Actor
     from relayrl.train.advantages import compute_advantages
     from relayrl.train.config import TrainConfig
@@ -63,9 +59,9 @@ def child(arm: str, updates: int, rows: str) -> None:
     def on_worker(fn: Any, *args: Any) -> Any:
         return worker.submit(lambda: (torch.set_num_threads(2), fn(*args))[1]).result()
 
-    actor = on_worker(Actor, model_path(DEFAULT_MODEL), cfg)
+    actor = on_worker(Actor, model_path(model), cfg)
     vocab = actor.model.config.vocab_size
-    batch = agent_batch(16, vocab) if rows == "agent" else synthetic_batch(16, vocab)
+    batch = agent_batch(n_rows, vocab) if rows == "agent" else synthetic_batch(n_rows, vocab)
     adv_B_T = compute_advantages(batch, cfg).adv_B_T
     on_worker(actor.update, batch, adv_B_T)  # warm-up
     runs = []
@@ -83,39 +79,46 @@ def child(arm: str, updates: int, rows: str) -> None:
           flush=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Alternate the arms' processes and print the table."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(NAME, __doc__)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--updates", type=int, default=3)
     ap.add_argument("--rows", choices=("agent", "random"), default="agent")
     ap.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS[:2]))
     ap.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    ap.add_argument("--batch-rows", type=int, default=16, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
     if args.rounds < 1 or args.updates < 1:
         ap.error("--rounds and --updates must be at least 1")
     if args.child:
-        child(args.child, args.updates, args.rows)
+        child(args.child, args.updates, args.rows, args.model, args.batch_rows)
         return
-    load = [os.getloadavg()[0]]
-    rows = alternate(__file__, {arm: ["--child", arm, "--updates", str(args.updates), "--rows",
-                                      args.rows] for arm in args.arms}, args.rounds, 1800)
-    load.append(os.getloadavg()[0])
-    print(f"load average (1 min) before/after: {load[0]:.2f} / {load[1]:.2f}")
-    print("| round | allocator | update s, each | system s, each | minor faults, each "
-          "| peak RSS GB |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: |")
+    if args.smoke:
+        args.model, args.rounds, args.updates, args.batch_rows = harness.smoke_model(), 1, 1, 4
+    run = harness.Run.start(NAME, args, argv)
+    rows = harness.alternate(NAME, {arm: ["--child", arm, "--updates", str(args.updates),
+                                          "--rows", args.rows, "--model", args.model,
+                                          "--batch-rows", str(args.batch_rows)]
+                                    for arm in args.arms}, args.rounds, 1800)
+    run.say(f"load average (1 min) before/after: {run.load()}")
+    run.say("| round | allocator | update s, each | system s, each | minor faults, each "
+            "| peak RSS GB |")
+    run.say("| ---: | --- | ---: | ---: | ---: | ---: |")
     for r, arm, m in rows:
         walls = " ".join(f"{u['wall']:.2f}" for u in m["runs"])
         system = " ".join(f"{u['sys']:.2f}" for u in m["runs"])
         faults = " ".join(f"{u['faults'] / 1e3:.0f}k" for u in m["runs"])
-        print(f"| {r} | {arm} | {walls} | {system} | {faults} | {m['maxrss_gb']:.2f} |")
+        run.say(f"| {r} | {arm} | {walls} | {system} | {faults} | {m['maxrss_gb']:.2f} |")
     # the first timed update is slower in every arm (it still grows the heap, as its faults show)
     later = {arm: statistics.median(u["wall"] for _, a, m in rows if a == arm
                                     for u in (m["runs"][1:] or m["runs"])) for arm in args.arms}
     base = later[args.arms[0]]
-    print("median update s after the first timed one: " + ", ".join(
+    run.say("median update s after the first timed one: " + ", ".join(
         f"{arm} {s:.2f} ({base / s:.2f}x {args.arms[0]})" for arm, s in later.items()))
+    run.finish(metrics={"median_update_s": later,
+                        "rounds": [{"round": r, "arm": arm, **m} for r, arm, m in rows]})
 
 
 if __name__ == "__main__":

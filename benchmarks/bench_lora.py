@@ -2,7 +2,7 @@
 (`train.lora_rank`), frozen lower layers (`train.freeze_layers`), gradient checkpointing
 (`train.gradient_checkpointing`). An update's time and the process's peak memory, interleaved.
 
-Run by hand:  python benchmarks/bench_lora.py [--model NAME] [--rank 16] [--freeze N]
+Run by hand:  python -m benchmarks lora [--model NAME] [--rank 16] [--freeze N]
               [--checkpointing] [--rounds 2] [--updates 2] [--micro-batch-tokens 4096]
 
 Each arm runs in its own process (so that its peak RSS is its own), arms alternating for
@@ -24,13 +24,13 @@ import json
 import os
 import resource
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from arm_processes import alternate
+from benchmarks import harness
+
+NAME = "lora"
 
 
 def rss_gb() -> float:
@@ -39,16 +39,15 @@ def rss_gb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
 
 
-def child(model: str, overrides: dict[str, Any], updates: int, micro_batch_tokens: int) -> None:
+def child(model: str, overrides: dict[str, Any], updates: int, micro_batch_tokens: int,
+          n_rows: int = 16) -> None:
     """One process: load, warm up, time updates and a push; prints one JSON line."""
     from relayrl.heap import keep_freed_heap
 
     keep_freed_heap()
     import torch
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_train import agent_batch
-
+    from benchmarks.bench_train import agent_batch
     from relayrl.models import model_path
     from relayrl.train.actor import Actor
     from relayrl.train.advantages import compute_advantages
@@ -62,7 +61,7 @@ def child(model: str, overrides: dict[str, Any], updates: int, micro_batch_token
 
     actor = on_worker(Actor, model_path(model), cfg)
     loaded = rss_gb()
-    batch = agent_batch(16, actor.model.config.vocab_size)
+    batch = agent_batch(n_rows, actor.model.config.vocab_size)
     adv = compute_advantages(batch, cfg)
     on_worker(actor.update, adv.batch, adv.adv_B_T)  # warm-up
     walls = []
@@ -82,11 +81,11 @@ def child(model: str, overrides: dict[str, Any], updates: int, micro_batch_token
           flush=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Alternate the arms' processes and print the table."""
     from relayrl.models import DEFAULT_MODEL
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(NAME, __doc__)
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--rank", type=int, default=16, help="the LoRA arm's lora_rank; 0: no LoRA arm")
     ap.add_argument("--freeze", type=int, default=0,
@@ -98,12 +97,17 @@ def main() -> None:
     ap.add_argument("--checkpointing", action="store_true",
                     help="also an arm with train.gradient_checkpointing")
     ap.add_argument("--child-config", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    ap.add_argument("--batch-rows", type=int, default=16, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
     if args.rounds < 1 or args.updates < 1 or args.rank < 0 or args.freeze < 0:
         ap.error("--rounds and --updates must be at least 1, --rank and --freeze at least 0")
     if args.child_config is not None:
-        child(args.model, json.loads(args.child_config), args.updates, args.micro_batch_tokens)
+        child(args.model, json.loads(args.child_config), args.updates, args.micro_batch_tokens,
+              args.batch_rows)
         return
+    if args.smoke:
+        args.model, args.rank, args.rounds, args.updates, args.batch_rows = (
+            harness.smoke_model(), 4, 1, 1, 4)
     arms: dict[str, dict[str, Any]] = {"all weights": {}}
     if args.rank:
         arms[f"LoRA r={args.rank}"] = {"lora_rank": args.rank}
@@ -113,27 +117,30 @@ def main() -> None:
         arms["gradient checkpointing"] = {"gradient_checkpointing": True}
     if len(arms) == 1:
         ap.error("nothing to compare: --rank 0 and no other arm")
-    load = [os.getloadavg()[0]]
-    rows = alternate(__file__, {arm: ["--child-config", json.dumps(overrides),
-                                      "--model", args.model, "--updates", str(args.updates),
-                                      "--micro-batch-tokens", str(args.micro_batch_tokens)]
-                                for arm, overrides in arms.items()}, args.rounds, 3600)
-    load.append(os.getloadavg()[0])
-    print(f"model {args.model}, micro_batch_tokens {args.micro_batch_tokens}; load average (1 min) before/after: {load[0]:.2f} / {load[1]:.2f}")
-    print("| round | arm | trained parameters | update s, each | push to engine s "
-          "| RSS after load GB | peak RSS GB |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    run = harness.Run.start(NAME, args, argv)
+    rows = harness.alternate(NAME, {arm: ["--child-config", json.dumps(overrides),
+                                          "--model", args.model, "--updates", str(args.updates),
+                                          "--micro-batch-tokens", str(args.micro_batch_tokens),
+                                          "--batch-rows", str(args.batch_rows)]
+                                    for arm, overrides in arms.items()}, args.rounds, 3600)
+    run.say(f"model {args.model}, micro_batch_tokens {args.micro_batch_tokens}; "
+            f"load average (1 min) before/after: {run.load()}")
+    run.say("| round | arm | trained parameters | update s, each | push to engine s "
+            "| RSS after load GB | peak RSS GB |")
+    run.say("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for r, arm, m in rows:
         walls = " ".join(f"{w:.2f}" for w in m["walls"])
-        print(f"| {r} | {arm} | {m['trained'] / 1e6:.1f}M | {walls} | {m['push']:.2f} "
+        run.say(f"| {r} | {arm} | {m['trained'] / 1e6:.1f}M | {walls} | {m['push']:.2f} "
               f"| {m['loaded_gb']:.2f} | {m['maxrss_gb']:.2f} |")
     median = {arm: statistics.median(w for _, a, m in rows if a == arm for w in m["walls"])
               for arm in arms}
     full = median["all weights"]
     tokens = rows[0][2]["forward_tokens"]
-    print(f"forward tokens an update: {tokens:.0f}; median update s: " + ", ".join(
+    run.say(f"forward tokens an update: {tokens:.0f}; median update s: " + ", ".join(
         f"{arm} {s:.2f}" for arm, s in median.items()) + "; all weights / arm: " + ", ".join(
         f"{arm} {full / s:.2f}x" for arm, s in median.items() if arm != "all weights"))
+    run.finish(metrics={"median_update_s": median,
+                        "rounds": [{"round": r, "arm": arm, **m} for r, arm, m in rows]})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The SFT replay (PPO-ptx) scored in the RL rows' micro-batches against a pass of its own.
 
-Run by hand:  RELAYRL_HOME=/tmp/rr python benchmarks/bench_replay.py [--rounds 5] [--threads 2]
+Run by hand:  RELAYRL_HOME=/tmp/rr python -m benchmarks replay [--rounds 5] [--threads 2]
 
 The main job adds `train.sft_replay_rows` (4) warm-up traces to every RL update. They start
 with the agent's system prompt like the RL rows, so `Actor.update` scores them in the RL rows'
@@ -19,42 +19,44 @@ two losses taken apart.
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
-from bench_train import agent_batch, machine
 from tqdm import tqdm
 
+from benchmarks import harness
+from benchmarks.bench_train import agent_batch
 from relayrl.heap import keep_freed_heap
 from relayrl.models import DEFAULT_MODEL, model_path
 from relayrl.train.actor import Actor
 from relayrl.train.advantages import compute_advantages
 from relayrl.train.config import TrainConfig
 
+NAME = "replay"
 RL_ROWS, REPLAY_ROWS = 16, 4
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Time the rounds and print them."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(NAME, __doc__)
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds after the warm-up")
     ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    rl_rows, replay_rows = RL_ROWS, REPLAY_ROWS
+    if args.smoke:
+        args.model, args.rounds, rl_rows, replay_rows = harness.smoke_model(), 1, 4, 2
+    run = harness.Run.start(NAME, args, argv)
     keep_freed_heap()
     torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
     cfg = TrainConfig(sft_replay_coef=1.0)
     actor = Actor(model_path(args.model), cfg)
-    rows = agent_batch(RL_ROWS + REPLAY_ROWS, actor.model.config.vocab_size)
-    adv = compute_advantages(rows.select(range(RL_ROWS)), cfg)
-    batch, replay = adv.batch, rows.select(range(RL_ROWS, RL_ROWS + REPLAY_ROWS))
+    rows = agent_batch(rl_rows + replay_rows, actor.model.config.vocab_size)
+    adv = compute_advantages(rows.select(range(rl_rows)), cfg)
+    batch, replay = adv.batch, rows.select(range(rl_rows, rl_rows + replay_rows))
     forward: dict[str, int] = {}
 
     def one_pass() -> None:
@@ -66,26 +68,19 @@ def main() -> None:
         forward["two passes"] = rl + sum(mb.num_tokens for mb in actor.micro_batches(replay))
 
     arms: dict[str, Callable[[], None]] = {"one pass": one_pass, "two passes": two_passes}
-    seconds: dict[str, list[float]] = {name: [] for name in arms}
     with tqdm(total=len(arms) * (args.rounds + 1), desc="bench_replay", unit="update") as bar:
-        for r in range(args.rounds + 1):  # bounded: a warm-up round, then --rounds
-            for name in list(arms) if r % 2 == 0 else list(arms)[::-1]:
-                start = time.perf_counter()
-                arms[name]()
-                if r > 0:
-                    seconds[name].append(time.perf_counter() - start)
-                bar.update(1)
-    print(f"machine: {machine()}; bf16: {actor.bf16}")
-    print(f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}")
-    print("| round | " + " | ".join(f"{n} s" for n in arms) + " |")
-    print("| ---: |" + " ---: |" * len(arms))
-    for i in range(args.rounds):
-        print(f"| {i + 1} | " + " | ".join(f"{seconds[n][i]:.2f}" for n in arms) + " |")
-    ratios = [b / a for a, b in zip(seconds["one pass"], seconds["two passes"], strict=True)]
+        seconds = harness.timed_rounds(arms, args.rounds, each=lambda *_: bar.update(1)).seconds
+    run.say(f"bf16: {actor.bf16}")
+    run.say(f"load average before {run.load_before:.2f}, after {harness.load_average():.2f}")
+    for line in harness.rounds_table(seconds):
+        run.say(line)
+    ratios = harness.per_round_ratios(seconds["two passes"], seconds["one pass"])
     for name in arms:
-        print(f"{name}: forward tokens {forward[name]}, median {statistics.median(seconds[name]):.2f} s")
-    print(f"two passes / one pass per round {', '.join(f'{x:.3f}' for x in ratios)}, "
-          f"median {statistics.median(ratios):.3f}")
+        run.say(f"{name}: forward tokens {forward[name]}, "
+                f"median {statistics.median(seconds[name]):.2f} s")
+    run.say(f"two passes / one pass per round {', '.join(f'{x:.3f}' for x in ratios)}, "
+            f"median {statistics.median(ratios):.3f}")
+    run.finish(metrics={"seconds": seconds, "forward_tokens": forward})
 
 
 if __name__ == "__main__":

@@ -3,24 +3,19 @@ through the router, interleaved, one at a time, on loopback.
 
 Two FakeEngine gateways (`relayrl gateway --engine fake`) and the router (`relayrl.router.cli`)
 run as their own processes, as in production; this process is the client (httpx, keep-alive).
-Prints the markdown section for benchmarks/RESULTS.md ("## Router overhead"): the machine, the
-load average at start and end, the event loop and HTTP parser the servers ran on, p50/p90/p99
-latency per path, the router's p50 overhead and its CPU per call. `--write RESULTS.md` replaces
-that section in the file (or appends it). `--baseline-src DIR` also runs the router of another
-checkout (its `src`), in front of the same gateway with its own session, as a third path
-interleaved with the other two: old and new router measured in the same run.
+Prints the markdown section ("## Router overhead") and writes it through the harness's results
+writer: the machine, the load average at start and end, the event loop and HTTP parser the
+servers ran on, p50/p90/p99 latency per path, the router's p50 overhead and its CPU per call.
+`--baseline-src DIR` also runs the router of another checkout (its `src`), in front of the same
+gateway with its own session, as a third path interleaved with the other two: old and new router
+measured in the same run. `--smoke`: a handful of calls.
 
-    python benchmarks/bench_router.py --calls 400 [--baseline-src ../main/src] [--write benchmarks/RESULTS.md]
+    python -m benchmarks router --calls 400 [--baseline-src ../main/src]
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import os
-import platform
-import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,19 +25,17 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import harness
+
+NAME = "router"
+
 ADMIN = "bench-admin-key"
-SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+SRC = str(harness.ROOT / "src")
 
 
 def _spawn(stack: ExitStack, args: list[str], src: str = SRC) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, *args], env=harness.child_env(src),
+                            stdout=subprocess.DEVNULL)
     stack.callback(lambda: (proc.terminate(), proc.wait(10)))
     return proc
 
@@ -65,21 +58,7 @@ def _wait(url: str, timeout_s: float = 120) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 HEADING = "## Router overhead (direct vs through `relayrl router`)"
-
-
-def _machine() -> str:
-    model = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
-    return f"{model}, {os.cpu_count()} cores; Python {platform.python_version()}"
 
 
 def _stack() -> str:
@@ -93,37 +72,26 @@ def _stack() -> str:
             f"starlette {version('starlette')}")
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's section of `path` (up to the next `## `), or append it."""
-    text = path.read_text() if path.exists() else ""
-    pattern = re.compile(r"^## Router overhead.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section.rstrip("\n") + "\n\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
-def main() -> None:
-    """Run the benchmark and print its section (and write it with `--write`)."""
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark, print its section and write it."""
+    ap = harness.parser(NAME, __doc__)
     ap.add_argument("--calls", type=int, default=400, help="calls per path and kind")
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--write", default=None, metavar="RESULTS.md",
-                    help="replace the '## Router overhead' section of this file")
     ap.add_argument("--baseline-src", default=None, metavar="DIR",
                     help="also time the router of this source tree (another checkout's src)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.calls = 6
+    run = harness.Run.start(NAME, args, argv)
     load0 = os.getloadavg()
-    started = datetime.datetime.now(datetime.UTC)
     with ExitStack() as stack:
         gateways, procs = [], {}
         for _ in range(2):
-            port = _free_port()
+            port = harness.free_port()
             procs[f"http://127.0.0.1:{port}"] = _spawn(stack, ["-m", "relayrl.cli", "gateway", "--engine", "fake", "--model",
                            args.model, "--port", str(port), "--admin-key", ADMIN])
             gateways.append(f"http://127.0.0.1:{port}")
-        rport = _free_port()
+        rport = harness.free_port()
         router_proc = _spawn(stack, ["-m", "relayrl.router.cli", "--port", str(rport),
                        *[a for g in gateways for a in ("--backend", g)]])
         router = f"http://127.0.0.1:{rport}"
@@ -142,7 +110,7 @@ def main() -> None:
         paths = {"direct": (owner, key, None), "router": (router, key, router_proc)}
         if args.baseline_src:
             # the same gateway only, so the baseline's session lands beside the other one
-            bport = _free_port()
+            bport = harness.free_port()
             base_proc = _spawn(stack, ["-m", "relayrl.router.cli", "--port", str(bport),
                                        "--backend", owner], src=args.baseline_src)
             baseline = f"http://127.0.0.1:{bport}"
@@ -176,10 +144,9 @@ def main() -> None:
         gateway_ms = (_cpu_s(procs[owner].pid) - gcpu0) * 1e3 / (len(names) * calls)
     load1 = os.getloadavg()
     out = [HEADING, "",
-           f"Command: `PYTHONPATH=$PWD/src python benchmarks/bench_router.py --calls {args.calls}"
-           + (f" --baseline-src {args.baseline_src}" if args.baseline_src else "") + "`  ",
-           f"Machine: {_machine()}; {_stack()}.  ",
-           f"Date: {started:%Y-%m-%d, %H:%M} UTC. Load average (1, 5, 15 min): "
+           f"Command: `PYTHONPATH=$PWD/src {run.command}`  ",
+           f"Machine: {harness.machine().describe()}; {_stack()}.  ",
+           f"Date: {run.started}. Load average (1, 5, 15 min): "
            f"{load0[0]:.2f}, {load0[1]:.2f}, {load0[2]:.2f} at the start; "
            f"{load1[0]:.2f}, {load1[1]:.2f}, {load1[2]:.2f} at the end.",
            "Two FakeEngine gateways and the router each in their own process, the client (httpx, "
@@ -191,7 +158,7 @@ def main() -> None:
            "| --- | --- | ---: | ---: | ---: | ---: |"]
     for (kind, name), xs in lat.items():
         out.append(f"| {kind} | {name} | {len(xs)} | {statistics.median(xs):.2f} | "
-                   f"{_pct(xs, 0.9):.2f} | {_pct(xs, 0.99):.2f} |")
+                   f"{harness.percentile(xs, 0.9):.2f} | {harness.percentile(xs, 0.99):.2f} |")
     out.append("")
     for kind in kinds:
         d = lat[(kind, "direct")]
@@ -212,9 +179,9 @@ def main() -> None:
     out.append(f"The gateway's CPU per call (all paths): {gateway_ms:.2f} ms.")
     section = "\n".join(out) + "\n"
     print(section)
-    if args.write:
-        write_section(Path(args.write), section)
-        print(f"(written to {args.write})")
+    run.finish(section, {f"{kind}, {name}": statistics.median(xs)
+                         for (kind, name), xs in lat.items()})
+
 
 if __name__ == "__main__":
     main()

@@ -6,29 +6,26 @@ ASGI app runs in this process, driven directly (no inbound HTTP server), and eac
 this process's `time.process_time()` (user + system; waiting for the gateway costs none).
 `--profile FILE` writes a cProfile of the routed calls.
 
-    PYTHONPATH=$PWD/src python benchmarks/bench_router_cpu.py --calls 500
+    PYTHONPATH=$PWD/src python -m benchmarks router-cpu --calls 500
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import cProfile
 import json
-import os
 import statistics
-import sys
 import time
-from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_router import ADMIN, _free_port, _spawn, _wait
-
+from benchmarks import harness
+from benchmarks.bench_router import ADMIN, _spawn, _wait
 from relayrl.router import Router, RouterConfig
 
+NAME = "router-cpu"
 
-async def _call(app, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
+
+async def _call(app: Any, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
                 ) -> tuple[int, bytes]:
     """One request through the ASGI app; its status and whole body."""
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -40,7 +37,7 @@ async def _call(app, method: str, path: str, body: bytes, headers: list[tuple[by
     sent = False
     status, parts = 0, []
 
-    async def receive():
+    async def receive() -> dict[str, Any]:
         nonlocal sent
         if not sent:
             sent = True
@@ -48,7 +45,7 @@ async def _call(app, method: str, path: str, body: bytes, headers: list[tuple[by
         await asyncio.sleep(3600)  # a client that stays connected
         return {"type": "http.disconnect"}
 
-    async def send(message):
+    async def send(message: dict[str, Any]) -> None:
         nonlocal status
         if message["type"] == "http.response.start":
             status = message["status"]
@@ -75,7 +72,7 @@ async def run(url: str, calls: int, profile: str | None) -> dict[str, float]:
                  "chat, streamed": json.dumps({**msg, "stream": True}).encode()}
         prof = cProfile.Profile() if profile else None
         for kind, body in kinds.items():
-            for _ in range(20):
+            for _ in range(min(20, calls)):
                 await _call(app, "POST", "/v1/chat/completions", body, sess)
             samples = []
             for _ in range(calls):
@@ -93,27 +90,31 @@ async def run(url: str, calls: int, profile: str | None) -> dict[str, float]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Start the gateway, measure, print."""
-    ap = argparse.ArgumentParser()
+    ap = harness.parser(NAME, __doc__)
     ap.add_argument("--calls", type=int, default=500)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--profile", default=None, metavar="FILE")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.calls = 5
+    run_ = harness.Run.start(NAME, args, argv)
     from contextlib import ExitStack
 
     with ExitStack() as stack:
-        port = _free_port()
+        port = harness.free_port()
         _spawn(stack, ["-m", "relayrl.cli", "gateway", "--engine", "fake", "--model", args.model,
                        "--port", str(port), "--admin-key", ADMIN])
         url = f"http://127.0.0.1:{port}"
         _wait(url)
-        load0 = os.getloadavg()[0]
+        load0 = harness.load_average()
         res = asyncio.run(run(url, args.calls, args.profile))
-        load1 = os.getloadavg()[0]
+        load1 = harness.load_average()
     for kind, ms in res.items():
-        print(f"{kind}: router CPU per call (in-process, mean of {args.calls}) {ms:.3f} ms")
-    print(f"load average (1 min) at start {load0:.2f}, at end {load1:.2f}")
+        run_.say(f"{kind}: router CPU per call (in-process, mean of {args.calls}) {ms:.3f} ms")
+    run_.say(f"load average (1 min) at start {load0:.2f}, at end {load1:.2f}")
+    run_.finish(metrics={"cpu_ms_per_call": res})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Training throughput of `Actor.update`, and what segment packing (`concat` rows) saves.
 
-Run by hand:  RELAYRL_HOME=/tmp/rr python benchmarks/bench_train.py [--no-write] [--no-packing]
+Run by hand:  RELAYRL_HOME=/tmp/rr python -m benchmarks train [--no-write] [--no-packing]
 
 Measured, with torch on 2 threads, on the default model:
   1. `Actor.update` (forward, backward, grad clip, AdamW step) on a batch shaped like the math
@@ -29,30 +29,25 @@ Measured, with torch on 2 threads, on the default model:
      tokens in the rows, tokens the forward passes process (padding included), trained tokens,
      and the update time of each layout.
 Every timing is the best of `--repeats` interleaved rounds after one warm-up (the machine is
-shared). Writes the "## Training throughput" section of benchmarks/RESULTS.md.
+shared). Prints the "## Training throughput" section and writes it through the harness's
+results writer.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import math
-import os
 import random
 import string
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from unittest import mock
 
 import torch
-from results_md import write_section
 from tqdm import tqdm
 
 import relayrl.train.actor as actor_module
+from benchmarks import harness
 from relayrl.chat.conversation import Conversation, Message, ParsedReply, ToolCall
 from relayrl.models import DEFAULT_MODEL, model_path
 from relayrl.train import attention
@@ -63,7 +58,7 @@ from relayrl.train.packing import TrainBatch
 from relayrl.trajectory import Session, TrajectoryRow, export_session
 from relayrl.types import FinishReason, GenerateOutput, Timings
 
-RESULTS = Path(__file__).parent / "RESULTS.md"
+NAME = "train"
 SECTION = "## Training throughput"
 GLUE = 26
 """Context tokens between two sampled turns (tool result + template), as in the main job."""
@@ -299,16 +294,13 @@ def former_kernels(path: str, cfg: TrainConfig,
 
 def interleaved(fns: dict[str, Callable[[], dict[str, float]]], repeats: int,
                 bar: tqdm) -> dict[str, tuple[float, dict[str, float]]]:
-    """Best update time of each function over `repeats` rounds, after a warm-up round."""
-    best: dict[str, tuple[float, dict[str, float]]] = {}
-    for r in range(repeats + 1):
-        for name, fn in fns.items():
-            bar.set_postfix_str(f"{name}, round {r}")
-            metrics = fn()
-            if r > 0 and (name not in best or metrics["update_s"] < best[name][0]):
-                best[name] = (metrics["update_s"], metrics)
-            bar.update(1)
-    return best
+    """Best update time of each function over `repeats` interleaved rounds, after a warm-up."""
+    def each(name: str, r: int) -> None:
+        bar.set_postfix_str(f"{name}, round {r}")
+        bar.update(1)
+
+    best = harness.best_of_rounds(fns, repeats, lambda m: m["update_s"], warmup=1, each=each)
+    return {name: (m["update_s"], m) for name, m in best.items()}
 
 
 def result(name: str, batch: TrainBatch, seconds: float, metrics: dict[str, float],
@@ -344,18 +336,8 @@ def matmul_peak_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> 
 
 
 def machine() -> str:
-    """CPU model and core count."""
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        name = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines()
-                    if "Model name" in line)
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        name = "unknown CPU"
-    return (f"{name} (lscpu model name), {os.cpu_count()} cores, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads")
-
-
-# -- report ---------------------------------------------------------------------------------------
+    """The harness's machine line (CPU, cores, ISA, torch) and torch's thread count."""
+    return f"{harness.machine().describe()}, {torch.get_num_threads()} threads"
 
 
 def peak_of(name: str, peaks: dict[str, float]) -> float:
@@ -493,9 +475,9 @@ def render(meta: dict[str, str], part1: list[Result], peaks: dict[str, float],
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run the measurements and report."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(NAME, __doc__)
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--rows", type=int, default=16, help="rows of the throughput batch")
     ap.add_argument("--episodes", type=int, default=8, help="5-turn episodes for the packing run")
@@ -506,11 +488,14 @@ def main() -> None:
                     help="add a `bf16 compiled` row (train.compile=true; compiled in the warm-up)")
     ap.add_argument("--no-packing", action="store_true", help="skip the concat/individual run")
     ap.add_argument("--no-shared", action="store_true", help="skip the shared-prefix run")
-    ap.add_argument("--no-write", action="store_true", help="print the section only")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    peak_n = 2048
+    if args.smoke:
+        args.model, args.rows, args.episodes, args.repeats, peak_n = (
+            harness.smoke_model(), 4, 2, 1, 256)
+    run = harness.Run.start(NAME, args, argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    load_before = os.getloadavg()[0]
     cfg = TrainConfig()
     path = model_path(args.model)
     configs = {"bf16": cfg}
@@ -530,10 +515,10 @@ def main() -> None:
                           + (0 if args.no_shared else 3))
     with tqdm(total=total, desc="bench_train", unit="step") as bar:
         bar.set_postfix_str("matmul peaks")
-        fp32_peak = matmul_peak_gflops(torch.float32)
+        fp32_peak = matmul_peak_gflops(torch.float32, peak_n)
         # Without bf16 units the "bf16" rows run fp32, and a bf16 matmul is emulated (2048^3 took
         # minutes on a Zen 3 core): the fp32 peak is theirs.
-        peaks = {"bf16": matmul_peak_gflops(torch.bfloat16) if actors["bf16"].bf16 else fp32_peak,
+        peaks = {"bf16": matmul_peak_gflops(torch.bfloat16, peak_n) if actors["bf16"].bf16 else fp32_peak,
                  "fp32": fp32_peak}
         bar.update(2)
         best = interleaved({name: update_fn(a, batch, configs[name]) for name, a in actors.items()},
@@ -570,10 +555,10 @@ def main() -> None:
             packing = (result("concat", episodes["concat"], *best["concat"], *params),
                        result("individual", episodes["individual"], *best["individual"], *params))
     meta = {
-        "command": " ".join(["RELAYRL_HOME=/tmp/rr python benchmarks/bench_train.py", *sys.argv[1:]]),
+        "command": run.command,
         "machine": machine(),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d, %H:%M UTC"),
-        "load": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",
+        "date": run.started,
+        "load": run.load(),
         "model": args.model,
         "mbt": str(cfg.micro_batch_tokens),
         "bucket": str(cfg.length_bucket),
@@ -583,9 +568,8 @@ def main() -> None:
     }
     section = render(meta, part1, peaks, params, parts, shared, packing)
     print(section)
-    if not args.no_write:
-        write_section(section, SECTION)
-        print(f"written to {RESULTS}")
+    run.finish(section, {"throughput": [{"name": r.name, "seconds": r.seconds}
+                                        for r in [*part1, *shared]], "peaks_gflops": peaks})
 
 
 if __name__ == "__main__":

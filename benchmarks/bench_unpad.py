@@ -1,6 +1,6 @@
 """Unpadded micro-batches (`train.packing: unpad`, the default) against padded ones, interleaved.
 
-Run by hand:  RELAYRL_HOME=/tmp/rr python benchmarks/bench_unpad.py [--rounds 5] [--random]
+Run by hand:  RELAYRL_HOME=/tmp/rr python -m benchmarks unpad [--rounds 5] [--random]
               [--model DIR] [--threads 2]
 
 Arms, each an actor on the default model with the default `TrainConfig` but for what is named:
@@ -27,29 +27,28 @@ and test_packing.py check that unpadded logprobs, gradients and steps equal padd
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
-from bench_train import (
+from tqdm import tqdm
+
+from benchmarks import harness
+from benchmarks.bench_train import (
     agent_batch,
-    machine,
     matmul_peak_gflops,
     param_counts,
     synthetic_batch,
     update_fn,
 )
-from tqdm import tqdm
-
 from relayrl.heap import keep_freed_heap
 from relayrl.kernels import cpu as cpu_kernels
 from relayrl.models import DEFAULT_MODEL, model_path
 from relayrl.train import attention, packing
 from relayrl.train.actor import Actor
 from relayrl.train.config import TrainConfig
+
+NAME = "unpad"
 
 
 def without_stems(update: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
@@ -89,24 +88,27 @@ def patched(update: Callable[[], dict[str, float]], train_kernels: bool = True,
     return run
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Time the rounds and print them."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(NAME, __doc__)
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds after the warm-up")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--random", action="store_true", help="add pad/unpad arms on random rows")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    n_rows, peak_n = 16, 2048
+    if args.smoke:
+        args.model, args.rounds, n_rows, peak_n = harness.smoke_model(), 1, 4, 256
+    run = harness.Run.start(NAME, args, argv)
     keep_freed_heap()
     torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
     path = model_path(args.model)
     unpad_cfg, pad_cfg = TrainConfig(), TrainConfig(packing="pad")
     unpad, pad = Actor(path, unpad_cfg), Actor(path, pad_cfg)
     vocab = unpad.model.config.vocab_size
-    agents = agent_batch(16, vocab)
+    agents = agent_batch(n_rows, vocab)
     arms: dict[str, Callable[[], dict[str, float]]] = {
         "unpad": update_fn(unpad, agents, unpad_cfg),
         "unpad, no stems": without_stems(update_fn(unpad, agents, unpad_cfg)),
@@ -123,48 +125,38 @@ def main() -> None:
                                                       UPCAST_ON_CPU=False)
     tokens = dict.fromkeys(arms, int(agents.lengths_B.sum()))
     if args.random:
-        rows = synthetic_batch(16, vocab)
+        rows = synthetic_batch(n_rows, vocab)
         arms["random rows, unpad"] = update_fn(unpad, rows, unpad_cfg)
         arms["random rows, pad"] = update_fn(pad, rows, pad_cfg)
         tokens.update(dict.fromkeys(list(arms)[-2:], int(rows.lengths_B.sum())))
-    seconds: dict[str, list[float]] = {name: [] for name in arms}
-    forward: dict[str, int] = {}
-    trained: dict[str, int] = {}
     dtype = torch.bfloat16 if unpad.bf16 else torch.float32
-    peaks = [matmul_peak_gflops(dtype)]
+    peaks = [matmul_peak_gflops(dtype, peak_n)]
     with tqdm(total=len(arms) * (args.rounds + 1), desc="bench_unpad", unit="update") as bar:
-        for r in range(args.rounds + 1):  # bounded: a warm-up round, then --rounds
-            order = list(arms) if r % 2 == 0 else list(arms)[::-1]
-            for name in order:
-                start = time.perf_counter()
-                metrics = arms[name]()
-                elapsed = time.perf_counter() - start
-                forward[name] = int(metrics["forward_tokens"])
-                trained[name] = int(metrics["n_tokens"])
-                if r > 0:
-                    seconds[name].append(elapsed)
-                bar.update(1)
-    peaks.append(matmul_peak_gflops(dtype))
+        timed = harness.timed_rounds(arms, args.rounds, each=lambda *_: bar.update(1))
+    seconds = timed.seconds
+    forward = {name: int(m["forward_tokens"]) for name, m in timed.last.items()}
+    trained = {name: int(m["n_tokens"]) for name, m in timed.last.items()}
+    peaks.append(matmul_peak_gflops(dtype, peak_n))
     body, head = param_counts(unpad.model)
-    print(f"machine: {machine()}; bf16: {unpad.bf16}")
-    print(f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}")
+    run.say(f"bf16: {unpad.bf16}")
+    run.say(f"load average before {run.load_before:.2f}, after {harness.load_average():.2f}")
+    for line in harness.rounds_table(seconds):
+        run.say(line)
     names = list(arms)
-    print("| round | " + " | ".join(f"{n} s" for n in names) + " |")
-    print("| ---: |" + " ---: |" * len(names))
-    for i in range(args.rounds):
-        print(f"| {i + 1} | " + " | ".join(f"{seconds[n][i]:.2f}" for n in names) + " |")
     for name in names:
         base = "random rows, unpad" if name.startswith("random") else "unpad"
-        ratios = [a / b for a, b in zip(seconds[name], seconds[base], strict=True)]
+        ratios = harness.per_round_ratios(seconds[name], seconds[base])
         median = statistics.median(seconds[name])
         gflops = (6.0 * body * forward[name] + 6.0 * head * trained[name]) / median / 1e9
-        print(f"{name}: forward tokens {forward[name]}, median {median:.2f} s, "
+        run.say(f"{name}: forward tokens {forward[name]}, median {median:.2f} s, "
               f"{tokens[name] / median:.0f} tokens/s, {gflops:.0f} model GFLOP/s "
               f"({gflops / max(peaks):.1%} of the matmul peak); "
               f"{name} / {base} per round {', '.join(f'{x:.3f}' for x in ratios)}, "
               f"median {statistics.median(ratios):.3f}")
-    print(f"{dtype} matmul peak (bench_train's 2048-cubed product) before and after the rounds: "
-          f"{peaks[0]:.0f}, {peaks[1]:.0f} GFLOP/s; model FLOPs as bench_train counts them")
+    run.say(f"{dtype} matmul peak (bench_train's {peak_n}-cubed product) before and after the "
+            f"rounds: {peaks[0]:.0f}, {peaks[1]:.0f} GFLOP/s; model FLOPs as bench_train counts "
+            "them")
+    run.finish(metrics={"seconds": seconds, "forward_tokens": forward, "peaks_gflops": peaks})
 
 
 if __name__ == "__main__":

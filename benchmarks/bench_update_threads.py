@@ -1,6 +1,6 @@
 """How many torch threads the trainer's update should use beside an in-process engine.
 
-Run by hand:  RELAYRL_HOME=/tmp/rr python benchmarks/bench_update_threads.py [--no-write]
+Run by hand:  RELAYRL_HOME=/tmp/rr python -m benchmarks update-threads [--no-write]
 
 The trainer runs `Actor.update` (and SFT) in an `asyncio.to_thread` worker while the LocalEngine
 samples the next batch on its own thread. Measured in one process, as the trainer runs them: a
@@ -13,8 +13,8 @@ each with the engine idle (the SFT warm-start, an update that waits for no rollo
 engine decoding `--streams` concurrent greedy requests the whole time (an RL step overlapping the
 next batch's rollouts). With the engine busy, the engine's tokens/s during the update is the other
 half of the trade. Conditions are interleaved, round after round; the median of `--repeats`
-rounds after one warm-up round is reported. Writes the "## Trainer threads beside the engine"
-section of benchmarks/RESULTS.md.
+rounds after one warm-up round is reported. Prints the "## Trainer threads beside the engine"
+section and writes it through the harness's results writer.
 """
 
 from __future__ import annotations
@@ -22,24 +22,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import datetime
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-from bench_train import machine, synthetic_batch, update_fn
-from results_md import write_section
 from tqdm import tqdm
 
+from benchmarks import harness
+from benchmarks.bench_train import machine, synthetic_batch, update_fn
 from relayrl.engine.local import LocalEngine
 from relayrl.models import DEFAULT_MODEL, model_path
 from relayrl.train.actor import Actor
 from relayrl.train.config import TrainConfig
 from relayrl.types import GenerateRequest, SamplingParams
+
+NAME = "update-threads"
 
 SECTION = "## Trainer threads beside the engine"
 
@@ -109,11 +108,6 @@ async def measure(engine: LocalEngine, update: Callable[[], object], prompt: lis
     return Sample(seconds, tokens)
 
 
-def load_average() -> str:
-    """The 1, 5 and 15 minute load averages."""
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
 async def run(args: argparse.Namespace) -> tuple[dict[str, list[Sample]], dict[str, str]]:
     """Every condition, interleaved, `repeats` rounds after a warm-up round."""
     path = model_path(args.model)
@@ -132,17 +126,16 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, list[Sample]], dict[s
                   for busy_name, busy in (("engine idle", False), ("engine decoding", True))
                   for name, threads in (("inherited", None), ("1 thread", 1), ("2 threads", 2))]
     samples: dict[str, list[Sample]] = {c[0]: [] for c in conditions}
-    meta = {"load_start": load_average(), "inherited": str(inherited),
+    meta = {"load_start": f"{harness.load_average():.2f}", "inherited": str(inherited),
             "engine_threads": str(engine.num_threads), "dtype": str(actor.model.dtype)}
     with tqdm(total=(args.repeats + 1) * len(conditions), desc="updates") as bar:
-        for r in range(args.repeats + 1):
-            for name, threads, busy in conditions:
-                bar.set_postfix_str(f"{name}, round {r}")
-                sample = await measure(engine, update, prompt, threads, busy, args.streams)
-                if r > 0:
-                    samples[name].append(sample)
-                bar.update(1)
-    meta["load_end"] = load_average()
+        for r, (name, threads, busy) in harness.rounds(conditions, args.repeats + 1):
+            bar.set_postfix_str(f"{name}, round {r}")
+            sample = await measure(engine, update, prompt, threads, busy, args.streams)
+            if r > 0:
+                samples[name].append(sample)
+            bar.update(1)
+    meta["load_end"] = f"{harness.load_average():.2f}"
     await engine.aclose()
     return samples, meta
 
@@ -150,15 +143,12 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, list[Sample]], dict[s
 def render(samples: dict[str, list[Sample]], meta: dict[str, str], args: argparse.Namespace,
            rows_tokens: int) -> str:
     """The RESULTS.md section."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip()
     lines = [
         SECTION, "",
-        f"Command: `RELAYRL_HOME=/tmp/rr python benchmarks/bench_update_threads.py --rows "
-        f"{args.rows} --streams {args.streams} --repeats {args.repeats}` (commit {commit})  ",
+        f"Command: `RELAYRL_HOME=/tmp/rr {meta['command']}` (commit {harness.commit()})  ",
         f"Machine: {machine()}; model weights {meta['dtype']}.  ",
-        f"Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; load average (1, 5, "
-        f"15 min) {meta['load_start']} at the start, {meta['load_end']} at the end.",
+        f"Date: {meta['date']}; load average (1 min) {meta['load_start']} at the start, "
+        f"{meta['load_end']} at the end.",
         "",
         f"One real `Actor.update` of {args.rows} rows ({rows_tokens} tokens) in a thread-pool "
         f"worker beside a LocalEngine on {meta['engine_threads']} thread(s) in the same process; "
@@ -179,24 +169,26 @@ def render(samples: dict[str, list[Sample]], meta: dict[str, str], args: argpars
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    """Measure, print, and write the section unless --no-write."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    """Measure, print, and write the run unless --no-write."""
+    ap = harness.parser(NAME, __doc__)
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--no-write", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.model, args.rows, args.streams, args.repeats = harness.smoke_model(), 2, 2, 1
+    run_ = harness.Run.start(NAME, args, argv)
     samples, meta = asyncio.run(run(args))
+    meta |= {"command": run_.command, "date": run_.started}
     path = model_path(args.model)
     from transformers import AutoConfig
-
     vocab = AutoConfig.from_pretrained(path).vocab_size
     text = render(samples, meta, args, int(synthetic_batch(args.rows, vocab).lengths_B.sum()))
     print(text)
-    if not args.no_write:
-        write_section(text, SECTION)
+    run_.finish(text, {name: [{"update_s": x.update_s, "engine_tokens": x.engine_tokens}
+                              for x in xs] for name, xs in samples.items()})
 
 
 if __name__ == "__main__":

