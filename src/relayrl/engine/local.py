@@ -24,6 +24,16 @@ it is prefilled, and the others wait a pass to reuse it (`_admit`).
 In fp32 the tokens and logprobs equal a full prefill's to 1e-5; in bf16 they differ by rounding,
 as a full prefill's do with another batch composition.
 
+Long prompts (a coding CLI opens every episode with 10-25k tokens of system prompt and tools):
+a prompt with more than `max_prefill_tokens` tokens left after its cached prefix is prefilled a
+chunk of that many tokens per pass, in the cache row after the running batch's, with a decode
+step of the batch between two chunks (`_prefill_chunk`), so sequences already decoding wait for
+one chunk at a time instead of the whole prompt. One long prompt is chunked at a time; requests
+that share its prompt wait until it is prefilled and cached, then prefill only their own tokens.
+A single prompt's attention runs SDPA with the causal flag (no mask) from column 0, and a chunk
+after cached columns through a [chunk, columns] mask, so prefill never builds the quadratic
+[prompt, prompt] mask.
+
 With bf16 on CPU every `nn.Linear` also gets a prepacked oneDNN weight (`pack_linears`): the
 same bits, faster products at decode batch sizes.
 
@@ -140,7 +150,8 @@ class LocalEngine:
         max_batch_size: most sequences decoded together; later requests wait their turn.
         seed: seeds the random stream of requests that carry no seed of their own.
         max_context: caps the model's context length (prompt + output).
-        max_prefill_tokens: padded prompt tokens prefilled together between two decode steps.
+        max_prefill_tokens: padded prompt tokens prefilled together between two decode steps; a
+            longer prompt is prefilled in chunks of this many tokens (Llama-family models).
         num_threads: torch threads of the engine thread only (None: `default_num_threads()`).
         prefix_cache_mb: memory for the KV of finished sequences, reused by later prompts that
             start with the same tokens (`relayrl.engine.prefix_cache`); 0 turns reuse off.
