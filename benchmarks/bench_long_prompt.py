@@ -156,7 +156,8 @@ async def part_itl(engine: LocalEngine, tok, n: int) -> list[tuple[str, str]]:
     done.set()
     await task
     gaps_before = [b - a for a, b in itertools.pairwise(stamps) if b <= submitted]
-    during = [b - a for a, b in itertools.pairwise(stamps) if submitted < b <= arrived]
+    # every gap that overlaps the prefill, the one it ends with included
+    during = [b - a for a, b in itertools.pairwise(stamps) if b > submitted and a < arrived]
     tokens_during = sum(submitted < s <= arrived for s in stamps)
     return [
         ("decoding sequence, gap between tokens before the long prompt (median)",
