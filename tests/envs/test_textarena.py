@@ -100,7 +100,8 @@ async def test_group_by_role_false_keeps_both_seats_in_the_items_group(
     finally:
         await wf.aclose()
     seats = _by_role(rows)
-    assert {r.metadata["session"]["group_id"] for s in seats.values() for r in s} == {"grp-3"}
+    assert {r.metadata["session"]["group_id"] for s in seats.values()
+            for r in s} == {"grp-3:seats"}
     assert sum(r.reward for s in seats.values() for r in s[:1]) == 0.0  # zero-sum: +1 and -1
 
 
