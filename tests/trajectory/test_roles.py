@@ -97,12 +97,18 @@ def test_by_default_every_role_gets_the_episodes_reward() -> None:
 
 
 def test_credit_never_flows_from_one_roles_calls_to_anothers() -> None:
-    tree = _tree(final=None, rewards={"s2": 4.0})
+    tree = _tree(final=None, rewards={"s1": 4.0})
     credited = per_role(credit_rule("discount"), tree, 0.5)
-    assert credited == {"p1": 0.0, "s1": 2.0, "s2": 4.0}
+    assert credited == {"p1": 0.0, "s1": 4.0, "s2": 0.0}
     # without roles the planner's call would have been credited through its child
     plain = credit_rule("discount")(CallTree(tree.order, tree.parents, tree.rewards), 0.5)
-    assert plain["p1"] == 1.0
+    assert plain["p1"] == 2.0
+
+
+def test_the_last_calls_reward_is_the_episodes_reward_for_every_role() -> None:
+    # an agent that returns a number rewards the last call: the other roles get it too
+    credited = per_role(credit_rule("discount"), _tree(final=None, rewards={"s2": 1.0}), 1.0)
+    assert credited == {"p1": 1.0, "s1": 1.0, "s2": 1.0}
 
 
 def test_a_roles_own_reward_replaces_the_episodes_for_that_role_only() -> None:

@@ -18,8 +18,8 @@ session becomes one ATIF trajectory, with the tokens kept:
 - The trajectory reward (`final_reward`) is in `final_metrics.extra.reward`; session metadata
   and task id in the root's `extra.relayrl`.
 - Roles (docs/multi-agent.md): a (sub-)trajectory whose calls were made under a role names that
-  role as its `agent.name` and in `extra.role`, and every sampled step carries its call's role in
-  `extra.role`; so a planner's segment and a solver's are sub-trajectories of different agents.
+  role as its `agent.name` (a sub-trajectory also in `extra.role`), and every sampled step carries
+  its call's role in `extra.role`; so a planner's segment and a solver's are different agents.
   Rewards given to single roles are in `final_metrics.extra.role_rewards`.
 
 Import (`atif_rows`) goes the other way, for supervised warm-starts from trajectories any tool
