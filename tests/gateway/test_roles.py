@@ -119,7 +119,7 @@ def test_with_roles_off_no_call_has_a_role_and_scoped_urls_are_refused(model_dir
 
 
 def test_role_models_without_roles_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="gateway.roles"):
+    with pytest.raises(ConfigError, match=r"gateway\.roles"):
         GatewayConfig(role_models={"m": "r"})
 
 

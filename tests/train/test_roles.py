@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from relayrl.errors import InvalidRequest
-from relayrl.trajectory import TrajectoryRow
-from relayrl.trajectory.batch import RowBatch
 from relayrl.train.advantages import compute_advantages
 from relayrl.train.config import TrainConfig
 from relayrl.train.metrics import MetricsLogger, plot_training, role_metrics
 from relayrl.train.packing import TrainBatch
+from relayrl.trajectory import TrajectoryRow
+from relayrl.trajectory.batch import RowBatch
 from relayrl.workflow.base import to_rows
 from relayrl.workflow.context import EpisodeContext
 

@@ -57,6 +57,10 @@ from relayrl.trajectory.session import hash_key as _key_hash
 SESSION_PREFIX = "/s/{session_key}"
 """Key-addressed session root: `{root}/s/{key}/v1` is an OpenAI-style base URL of the session."""
 
+ROLE_PREFIX = SESSION_PREFIX + "/role/{role}"
+"""A role-scoped root of a session: every call under `{root}/s/{key}/role/{role}/v1` is recorded
+in the session under `role` (with `gateway.roles` on; `child_session` hands them out)."""
+
 RETIRED_KEYS = 1 << 16
 """Finalized sessions remembered after the store forgets them (so a late finalize stays a no-op)."""
 
@@ -343,8 +347,8 @@ async def child_session(request: Request) -> dict[str, Any]:
     key = request.path_params.get("session_key") or request_key(request)
     assert key is not None  # _known_session found the session by it
     root = str(request.base_url).rstrip("/")
-    return {"session_id": session.id, "role": role,
-            "base_url": f"{root}/s/{key}/role/{role}/v1"}
+    scoped = ROLE_PREFIX.format(session_key=key, role=role)
+    return {"session_id": session.id, "role": role, "base_url": f"{root}{scoped}/v1"}
 
 
 async def abort(request: Request) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from relayrl.gateway.routes_rl import (  # the session API's state, for those that install hooks
+    ROLE_PREFIX,
     SESSION_PREFIX,
     Admission,
     Refusal,
@@ -50,11 +51,6 @@ async def keyed_models(request: Request) -> Any:
 
     _known_session(request)
     return JSONResponse(await list_models(request))
-
-
-ROLE_PREFIX = SESSION_PREFIX + "/role/{role}"
-"""A role-scoped root of a session: every call under `{root}/s/{key}/role/{role}/v1` is recorded
-in the session under `role` (with `gateway.roles` on; `routes_rl.child_session` hands them out)."""
 
 
 def register(app: FastAPI) -> None:
