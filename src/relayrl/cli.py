@@ -29,6 +29,17 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _role_models(pairs: list[str] | None) -> dict[str, str]:
+    """`--role-model NAME=ROLE` pairs as a mapping (an argparse error for a malformed one)."""
+    out: dict[str, str] = {}
+    for pair in pairs or ():
+        name, sep, role = pair.partition("=")
+        if not sep or not name or not role:
+            raise SystemExit(f"relayrl gateway: --role-model takes NAME=ROLE, got {pair!r}")
+        out[name] = role
+    return out
+
+
 def _cmd_gateway(args: argparse.Namespace) -> int:
     from relayrl.gateway.server import GatewayConfig, serve
 
@@ -45,6 +56,8 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         ended_ttl_s=args.ended_ttl,
         replicas=args.replicas,
+        roles=args.roles or bool(args.role_model),
+        role_models=_role_models(args.role_model),
     )
     if config.replicas > 1:
         from relayrl.launch.replicas import serve_replicas
@@ -224,6 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--replicas", type=int, default=1,
                     help="N gateway + engine pairs behind one router; --host/--port are then "
                     "the router's (the one public URL)")
+    gw.add_argument("--roles", action="store_true",
+                    help="record a role per call: the x-relayrl-role header, a child session's "
+                    "URL, the model name (policy@role), the session's metadata role "
+                    "(docs/multi-agent.md)")
+    gw.add_argument("--role-model", action="append", metavar="NAME=ROLE",
+                    help="calls naming model NAME are recorded under ROLE (repeatable; "
+                    "implies --roles)")
     gw.set_defaults(func=_cmd_gateway)
 
     tr = sub.add_parser("train", help="train an agent with RL (config YAML + dotted overrides)")

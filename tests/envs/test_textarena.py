@@ -100,7 +100,8 @@ async def test_group_by_role_false_keeps_both_seats_in_the_items_group(
     finally:
         await wf.aclose()
     seats = _by_role(rows)
-    assert {r.metadata["session"]["group_id"] for s in seats.values() for r in s} == {"grp-3"}
+    assert {r.metadata["session"]["group_id"] for s in seats.values()
+            for r in s} == {"grp-3:seats"}
     assert sum(r.reward for s in seats.values() for r in s[:1]) == 0.0  # zero-sum: +1 and -1
 
 
@@ -215,12 +216,16 @@ def test_relayrl_train_plays_tictactoe_against_itself_and_trains_each_seat(
     run = tmp_path / "runs" / "textarena" / "ci"
     lines = [json.loads(x) for x in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines if "step_s" in m] == [1, 2]
+    for m in lines:
+        if "step_s" in m:  # metrics per seat: player_0 moves first in every game
+            assert m["role/player_0/episodes"] >= 1 and "role/player_0/reward_mean" in m
     rows = [json.loads(x) for f in sorted(dumps.rglob("*.jsonl"))
             for x in f.read_text().splitlines()]
     assert rows, "the trained groups were dumped"
     for row in rows:
         role = row["group_id"].rsplit(":", 1)[1]
         assert role in {"player_0", "player_1"} and row["episode_id"].endswith(f":{role}")
+        assert row["role"] == role  # the seat, recorded as the row's role (gateway.roles)
         assert row["reward"] in {-1.0, 0.0, 1.0}  # the game's own outcome for the seat
         assert "Tic Tac Toe" in row["prompt"]  # TextArena's own observation
     # a group is one seat's games (its episodes never mix roles), four games at most

@@ -115,3 +115,23 @@ async def test_stop_ends_next_batch_and_empty_sessions_are_freed() -> None:
     src.stop()
     with pytest.raises(StopAsyncIteration):
         await src.next_batch()
+
+
+async def test_a_session_of_two_roles_trains_each_role_in_its_own_group() -> None:
+    admin, version = FakeAdmin(), [0]
+    for sid, reward in (("a1", 1.0), ("a2", 0.0)):
+        admin.finish(sid, reward, group="q1")
+        row = admin.sessions[sid]["rows"][0]
+        solver = {**row, "metadata": {**row["metadata"], "role": "solver"},
+                  "interaction_ids": [f"{sid}-solver-{i}" for i in range(2)]}
+        row["metadata"] = {**row["metadata"], "role": "planner"}
+        admin.sessions[sid]["rows"].append(solver)
+    src = _source(admin, version)
+    batch = await src.next_batch()
+    roles = [r.role for r in batch.rows.rows]
+    assert sorted(set(zip(batch.group_ids, roles, strict=True))) == [
+        ("grp:q1/planner", "planner"), ("grp:q1/solver", "solver")]
+    from relayrl.train.packing import TrainBatch
+
+    TrainBatch.from_row_batch(batch.rows)  # one role per group: the trainer takes it
+    await src.__aexit__(None, None, None)

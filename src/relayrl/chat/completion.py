@@ -28,6 +28,8 @@ class CompletionRequest:
     include_usage: bool = False
     """Streaming only: send a final usage chunk (OpenAI `stream_options.include_usage`)."""
     metadata: dict[str, Any] = field(default_factory=dict)
+    role: str | None = None
+    """The agent role the call is recorded under (the gateway resolves it; None: no role)."""
 
 
 @dataclass(frozen=True)

@@ -187,10 +187,20 @@ def end_session(session_key: str) -> Operation[dict[str, Any]]:
     return _answer((yield Call("POST", "/rl/v1/end_session", session_key, {})))
 
 
-def finalize(session_key: str, final_reward: float | None) -> Operation[dict[str, Any]]:
-    """Set the trajectory's reward and end the session (a second finalize changes nothing)."""
-    body = {"final_reward": final_reward}
+def finalize(session_key: str, final_reward: float | None,
+             role_rewards: dict[str, float] | None = None) -> Operation[dict[str, Any]]:
+    """Set the trajectory's reward (and, optionally, single roles' rewards) and end the session
+    (a second finalize changes nothing)."""
+    body: dict[str, Any] = {"final_reward": final_reward}
+    if role_rewards:
+        body["role_rewards"] = dict(role_rewards)
     return _answer((yield Call("POST", "/rl/v1/finalize", session_key, body)))
+
+
+def child_session(session_key: str, role: str) -> Operation[SessionHandle]:
+    """A handle whose base URL records calls in the same session under `role` (a sub-agent)."""
+    data = _answer((yield Call("POST", "/rl/v1/child_session", session_key, {"role": role})))
+    return SessionHandle(data["session_id"], session_key, data["base_url"])
 
 
 def abort(session_key: str, reason: str) -> Operation[dict[str, Any]]:

@@ -72,9 +72,14 @@ class SessionClient:
         """Close the session; it takes no more calls."""
         await self._run(protocol.end_session(session.api_key))
 
-    async def finalize(self, session: SessionHandle, final_reward: float | None = None) -> None:
+    async def child_session(self, session: SessionHandle, role: str) -> SessionHandle:
+        """A sub-agent's handle: its calls land in `session` under `role` (gateway.roles on)."""
+        return await self._run(protocol.child_session(session.api_key, role))
+
+    async def finalize(self, session: SessionHandle, final_reward: float | None = None,
+                       role_rewards: dict[str, float] | None = None) -> None:
         """Set a trajectory reward and end the session."""
-        await self._run(protocol.finalize(session.api_key, final_reward))
+        await self._run(protocol.finalize(session.api_key, final_reward, role_rewards))
 
     async def export(self, session_id: str, style: str = DEFAULT_EXPORT_STYLE,
                      credit: str = DEFAULT_CREDIT_RULE, discount: float = 1.0,

@@ -18,8 +18,13 @@ each move is a call of its own (the observation carries the game so far), so the
 every move of the seat the game's outcome. By default each seat also gets its own group
 (`group_by_role=True`): GRPO compares a seat's play only with the same seat's play in the other
 games of the group (same game, same seed), never the winner with the loser of one game; with
-`group_by_role=False` both seats share the group, and in a zero-sum game each group then centres on
-zero by construction.
+`group_by_role=False` both seats share one group (`{group}:seats`), and in a zero-sum game each
+group then centres on zero by construction.
+
+The seat is a role (docs/multi-agent.md): the session's metadata `role` is one of the sources the
+gateway reads, so with `gateway.roles: true` every call and row of a seat carries its role, the
+metrics are per seat (`role/player_0/reward_mean`, ...), and a group that mixes the seats
+(`group_by_role=False`) is refused by the trainer instead of being normalised across seats.
 
 May import: `relayrl.workflow`, `relayrl.client`, `relayrl.errors`; textarena and openai only inside
 functions (optional extras), never torch.
@@ -195,8 +200,9 @@ class TextArenaWorkflow(RolloutWorkflow):
             "game_episode_id": ctx.episode_id,
             "textarena": {"env_id": env_id, "seed": seed, "player_id": pid},
         }
-        if self.group_by_role:
-            extra["group_id"] = f"{ctx.group_id}:{role}"
+        # named groups either way: one seat's (one role), or the game's (both seats; refused when
+        # the gateway records roles, since advantages are per (task, role))
+        extra["group_id"] = f"{ctx.group_id}:{role if self.group_by_role else 'seats'}"
         c = self.config
         session = await open_episode_session(self.client, ctx, c.capacity_wait_s,
                                              c.capacity_poll_s, extra)

@@ -50,6 +50,7 @@ from relayrl.gateway.guard import Guard
 from relayrl.gateway.upkeep import Upkeep
 from relayrl.gateway.wires import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Wire
 from relayrl.trajectory import Session
+from relayrl.trajectory.roles import ROLE_HEADER, resolve_role
 
 log = logging.getLogger("relayrl.gateway")
 T = TypeVar("T")
@@ -81,6 +82,11 @@ async def serve_completion(request: Request, wire: Wire) -> Any:
     idem_key = idempotency.read_key(request.headers)
     body = await read_json(request)
     req = _parse(deps, wire, body)
+    if request.path_params.get("role") is not None and not deps.config.roles:
+        raise InvalidRequest("this is a role-scoped URL, but the gateway records no roles: "
+                             "set gateway.roles: true")
+    if session is not None and deps.config.roles:
+        req = replace(req, role=call_role(deps, request, session, req))
     callback = rollout_callback.from_body(body) if wire is OPENAI_CHAT else None
     if callback is not None:  # the remote rollout protocol
         rollout_callback.check_request(callback, session, req.stream)
@@ -114,6 +120,14 @@ async def serve_completion(request: Request, wire: Wire) -> Any:
     finally:
         if slot is not None:
             deps.idempotency.release(slot)
+
+
+def call_role(deps: GatewayDeps, request: Request, session: Session,
+              req: CompletionRequest) -> str | None:
+    """The role a session's call is recorded under, by the documented precedence."""
+    return resolve_role(header=request.headers.get(ROLE_HEADER),
+                        path=request.path_params.get("role"), model=req.model,
+                        session_metadata=session.metadata, role_models=deps.config.role_models)
 
 
 def _replay(deps: GatewayDeps, wire: Wire, req: CompletionRequest,

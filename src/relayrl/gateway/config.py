@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from relayrl.errors import ConfigError
 
@@ -37,7 +37,11 @@ class GatewayConfig:
     body_timeout_s: float = 30.0          # longest silence while a request body is arriving
     keep_alive_timeout_s: float = 5.0     # idle keep-alive connections are closed after this
     replicas: int = 1                     # N gateway + engine pairs behind one router at host:port (gateway, train, serve)
+    roles: bool = False                   # record a role per call (header, scoped URL, model, session metadata; docs/multi-agent.md)
+    role_models: dict[str, str] = field(default_factory=dict)  # with roles: model name the agent sends -> its role
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ConfigError("gateway.replicas must be >= 1")
+        if self.role_models and not self.roles:
+            raise ConfigError("gateway.role_models needs gateway.roles: true")

@@ -382,6 +382,7 @@ def record(deps: GatewayDeps, session: Session | None, call: PreparedCall, index
         output=out,
         finish_reason=finish,
         metadata=call.request.metadata,
+        role=call.request.role,
     )
     session.record(interaction)  # journaled to the durable log before memory changes
     return iid

@@ -27,8 +27,10 @@ from relayrl.chat.schema.anthropic_messages import MessagesRequest
 from relayrl.chat.schema.openai_chat import ChatCompletionRequest
 from relayrl.chat.schema.openai_responses import ResponsesRequest
 from relayrl.gateway.routes_rl import (
+    ROLE_PREFIX,
     SESSION_PREFIX,
     AbortV1,
+    ChildSession,
     ExportRequest,
     FinalizeV1,
     SessionRef,
@@ -58,6 +60,7 @@ RL_BODIES: dict[str, type[BaseModel]] = {
     "/rl/v1/set_reward": SetReward,
     "/rl/v1/finalize": FinalizeV1,
     "/rl/v1/abort": AbortV1,
+    "/rl/v1/child_session": ChildSession,
 }
 """POST routes whose handlers read a JSON body themselves, and its model."""
 
@@ -108,19 +111,22 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     }
     doc["security"] = [{"bearer": []}, {"x-api-key": []}, {}]
     paths: dict[str, dict[str, Any]] = doc.setdefault("paths", {})
-    for prefix in ("", SESSION_PREFIX):
+    for prefix in ("", SESSION_PREFIX, ROLE_PREFIX):
+        how = {"": "by header key", SESSION_PREFIX: "session by path key",
+               ROLE_PREFIX: "session by path key, recorded under the path's role"}[prefix]
         for path, model in WIRE_BODIES.items():
             paths.setdefault(prefix + path, {})["post"] = {
-                "summary": f"{model.__name__} ({'session by path key' if prefix else 'by header key'})",
+                "summary": f"{model.__name__} ({how})",
                 "operationId": f"{'keyed_' if prefix else ''}{path.strip('/').replace('/', '_')}",
                 "requestBody": _body(refs[model.__name__], True),
                 "responses": {"200": {"description": "the reply (JSON, or SSE when streaming)"}},
             }
             if not path.endswith("/count_tokens"):  # it generates nothing: nothing to retry
                 paths[prefix + path]["post"]["parameters"] = [_IDEMPOTENCY_KEY]
-    paths.setdefault(SESSION_PREFIX + "/v1/models", {})["get"] = {
-        "summary": "the policy being served (session by path key)", "operationId": "keyed_models",
-        "responses": {"200": {"description": "OpenAI list shape"}}}
+    for prefix in (SESSION_PREFIX, ROLE_PREFIX):
+        paths.setdefault(prefix + "/v1/models", {})["get"] = {
+            "summary": "the policy being served (session by path key)",
+            "operationId": "keyed_models", "responses": {"200": {"description": "OpenAI list shape"}}}
     for path, item in paths.items():
         for method, op in item.items():
             bare = path.removeprefix(SESSION_PREFIX)

@@ -51,10 +51,15 @@ from relayrl.trajectory import (
     export_session,
     row_to_dict,
 )
+from relayrl.trajectory.roles import check_role
 from relayrl.trajectory.session import hash_key as _key_hash
 
 SESSION_PREFIX = "/s/{session_key}"
 """Key-addressed session root: `{root}/s/{key}/v1` is an OpenAI-style base URL of the session."""
+
+ROLE_PREFIX = SESSION_PREFIX + "/role/{role}"
+"""A role-scoped root of a session: every call under `{root}/s/{key}/role/{role}/v1` is recorded
+in the session under `role` (with `gateway.roles` on; `child_session` hands them out)."""
 
 RETIRED_KEYS = 1 << 16
 """Finalized sessions remembered after the store forgets them (so a late finalize stays a no-op)."""
@@ -160,6 +165,12 @@ class SessionRef(_Body):
 class FinalizeV1(_Body):
     final_reward: float | None = None
     reward: float | None = None
+    role_rewards: dict[str, float] | None = None
+    """Final rewards of single roles (the others get `final_reward`; docs/multi-agent.md)."""
+
+
+class ChildSession(_Body):
+    role: str
 
 
 class AbortV1(_Body):
@@ -298,14 +309,46 @@ async def finalize(request: Request) -> dict[str, Any]:
         raise AuthenticationFailed(NO_SESSION)
     if session.state != SessionState.OPEN and session.state != SessionState.ENDED:
         raise SessionClosed(f"session {session.id} is {session.state}; it cannot be finalized")
+    role_rewards = _role_rewards(body.role_rewards)
     if final is not None:
         session.set_final_reward(final)
+    for role, value in role_rewards.items():
+        session.set_final_reward(value, role=role)
     session.end()
     state.remember(session, session.final_reward)
     if state.on_finalize is not None:
         state.on_finalize(session)
     return {"session_id": session.id, "state": str(session.state),
             "final_reward": session.final_reward, "already_finalized": False}
+
+
+def _role_rewards(given: dict[str, float] | None) -> dict[str, float]:
+    """`finalize`'s per-role rewards, checked: role names, finite numbers."""
+    out: dict[str, float] = {}
+    for role, value in (given or {}).items():
+        check_role(role, "a role in role_rewards")
+        if not math.isfinite(value):
+            raise InvalidRequest(f"role_rewards[{role!r}] must be a finite number")
+        out[role] = float(value)
+    return out
+
+
+async def child_session(request: Request) -> dict[str, Any]:
+    """A base URL for a sub-agent: its calls are recorded in the caller's session under `role`
+    (one episode, one export), so the sub-agent needs only that URL (docs/multi-agent.md)."""
+    deps = _deps(request)
+    session = _known_session(request)
+    body: ChildSession = await read_model(request, ChildSession)
+    if not deps.config.roles:
+        raise InvalidRequest("child sessions record a role per call: set gateway.roles: true")
+    if not session.is_open:
+        raise SessionClosed(f"session {session.id} is {session.state}; it takes no more calls")
+    role = check_role(body.role, "role")
+    key = request.path_params.get("session_key") or request_key(request)
+    assert key is not None  # _known_session found the session by it
+    root = str(request.base_url).rstrip("/")
+    scoped = ROLE_PREFIX.format(session_key=key, role=role)
+    return {"session_id": session.id, "role": role, "base_url": f"{root}{scoped}/v1"}
 
 
 async def abort(request: Request) -> dict[str, Any]:
@@ -464,6 +507,7 @@ ROUTES: tuple[Route, ...] = (
     Route(end_session, ("POST",), ("/rl/end_session", "/rl/v1/end_session")),
     Route(finalize, ("POST",), _keyed("/rl/v1/finalize")),
     Route(abort, ("POST",), _keyed("/rl/v1/abort")),
+    Route(child_session, ("POST",), _keyed("/rl/v1/child_session")),
     Route(export_trajectories, ("POST",), ("/export_trajectories",)),
     Route(ack_export, ("POST",), ("/rl/ack_export",)),
     Route(abort_session, ("POST",), ("/rl/abort_session",)),

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from relayrl.gateway.routes_rl import (  # the session API's state, for those that install hooks
+    ROLE_PREFIX,
     SESSION_PREFIX,
     Admission,
     Refusal,
@@ -53,16 +54,17 @@ async def keyed_models(request: Request) -> Any:
 
 
 def register(app: FastAPI) -> None:
-    """Add the key-addressed completion routes to `app`."""
-    for path in ("/v1/chat/completions", "/chat/completions"):
-        app.add_route(SESSION_PREFIX + path, _keyed("chat"), methods=["POST"])
-    for path in ("/v1/responses", "/responses"):
-        app.add_route(SESSION_PREFIX + path, _keyed("responses"), methods=["POST"])
-    app.add_route(SESSION_PREFIX + "/v1/messages", _keyed("messages"), methods=["POST"])
-    app.add_route(SESSION_PREFIX + "/v1/models", keyed_models, methods=["GET"])
-    app.add_route(SESSION_PREFIX + "/v1/messages/count_tokens", keyed_count_tokens,
-                  methods=["POST"])
+    """Add the key-addressed completion routes to `app` (plain and role-scoped)."""
+    for prefix in (SESSION_PREFIX, ROLE_PREFIX):
+        for path in ("/v1/chat/completions", "/chat/completions"):
+            app.add_route(prefix + path, _keyed("chat"), methods=["POST"])
+        for path in ("/v1/responses", "/responses"):
+            app.add_route(prefix + path, _keyed("responses"), methods=["POST"])
+        app.add_route(prefix + "/v1/messages", _keyed("messages"), methods=["POST"])
+        app.add_route(prefix + "/v1/models", keyed_models, methods=["GET"])
+        app.add_route(prefix + "/v1/messages/count_tokens", keyed_count_tokens,
+                      methods=["POST"])
 
 
-__all__ = ["SESSION_PREFIX", "Admission", "Refusal", "V1State", "keyed_count_tokens",
+__all__ = ["ROLE_PREFIX", "SESSION_PREFIX", "Admission", "Refusal", "V1State", "keyed_count_tokens",
            "keyed_models", "register", "state_of"]

@@ -36,6 +36,7 @@ from relayrl.errors import ConfigError
 from relayrl.rollout.controller import Batch, RolloutStats
 from relayrl.trajectory import SCHEMA_VERSION, row_from_dict
 from relayrl.trajectory.batch import RowBatch
+from relayrl.trajectory.roles import role_group_id
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,8 @@ class ExternalSessionSource:
         group = info.get("group_id") or info.get("task_id")
         if group:
             pending = self._pending.setdefault(str(group), _Pending(self._clock()))
-            pending.members.append((sid, RowBatch.of_episode(rows, sid, f"grp:{group}")))
+            pending.members.append((sid, _per_role(RowBatch.of_episode(rows, sid,
+                                                                        f"grp:{group}"))))
         else:
             self._ungrouped.append((sid, RowBatch.of_episode(rows, sid, "")))
 
@@ -205,7 +207,8 @@ class ExternalSessionSource:
             gid = f"ungrouped:{self._next_ungrouped}"
             self._next_ungrouped += 1
             members = [self._ungrouped.popleft() for _ in range(self.group_size)]
-            relabelled = [(sid, RowBatch(rb.rows, rb.episode_ids, (gid,) * rb.num_rows))
+            relabelled = [(sid, _per_role(RowBatch(rb.rows, rb.episode_ids,
+                                                   (gid,) * rb.num_rows)))
                           for sid, rb in members]
             self._ready.append((gid, relabelled))
 
@@ -237,6 +240,13 @@ class ExternalSessionSource:
                 await self.client.ack_export(sid)
             except Exception as e:  # gone already (TTL, restart): nothing left to free
                 log.debug("ack of %s failed: %s", _short(sid), e)
+
+
+def _per_role(rows: RowBatch) -> RowBatch:
+    """`rows` with each group split per role: advantages are per (task, role)."""
+    return RowBatch(rows.rows, rows.episode_ids,
+                    tuple(role_group_id(g, r.role)
+                          for g, r in zip(rows.group_ids, rows.rows, strict=True)))
 
 
 def _short(session_id: str) -> str:

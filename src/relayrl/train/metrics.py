@@ -151,6 +151,38 @@ def episode_metrics(batch: RowBatch) -> dict[str, float]:
     return out
 
 
+ROLE_PREFIX = "role/"
+"""Per-role metrics are `role/{role}/{name}` (metrics.jsonl, TensorBoard, the PNG's role panel)."""
+
+
+def role_metrics(batch: RowBatch) -> dict[str, float]:
+    """Per role of a batch's rows: reward mean over its episodes, episodes, rows, trained tokens,
+    calls per episode (`role/{role}/...`); empty when no row has a role."""
+    if all(row.role is None for row in batch.rows):
+        return {}
+    rewards: dict[str, dict[str, list[float]]] = {}
+    rows: dict[str, int] = {}
+    tokens: dict[str, int] = {}
+    calls: dict[str, dict[str, set[str]]] = {}
+    for row, episode in zip(batch.rows, batch.episode_ids, strict=True):
+        role = row.role or "none"
+        rewards.setdefault(role, {}).setdefault(episode, []).append(row.reward)
+        rows[role] = rows.get(role, 0) + 1
+        tokens[role] = tokens.get(role, 0) + sum(row.loss_mask)
+        calls.setdefault(role, {}).setdefault(episode, set()).update(row.interaction_ids)
+    out: dict[str, float] = {}
+    for role, per_episode in rewards.items():
+        means = [sum(r) / len(r) for r in per_episode.values()]  # an episode counts once
+        p = f"{ROLE_PREFIX}{role}/"
+        out[p + "reward_mean"] = sum(means) / len(means)
+        out[p + "episodes"] = float(len(means))
+        out[p + "rows"] = float(rows[role])
+        out[p + "trained_tokens"] = float(tokens[role])
+        out[p + "calls_per_episode"] = (sum(len(c) for c in calls[role].values())
+                                        / len(calls[role]))
+    return out
+
+
 def trained_tokens(batch: RowBatch) -> int:
     """Tokens that carry loss (the policy's own samples) in a batch."""
     return sum(sum(row.loss_mask) for row in batch.rows)
@@ -198,6 +230,20 @@ _PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+def _plot_roles(ax: Any, records: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> None:
+    """Training reward per role (smoothed), one line per role."""
+    for key in keys:
+        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        if points:
+            steps, values = zip(*points, strict=True)
+            role = key[len(ROLE_PREFIX):-len("/reward_mean")]
+            ax.plot(steps, smooth(values), marker="." if len(points) < 50 else None, label=role)
+    ax.set_title("training reward per role (EMA)", fontsize=10)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+
+
 def plot_training(records: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     """The run at a glance: held-out reward (error bars) over smoothed training reward, then
     loss, KL, tool use, turns and segments per episode, and throughput."""
@@ -207,7 +253,12 @@ def plot_training(records: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(4, 2, figsize=(11, 12), squeeze=False)
-    axes[-1, -1].set_visible(False)
+    role_keys = sorted({k for r in records for k in r
+                        if k.startswith(ROLE_PREFIX) and k.endswith("/reward_mean")})
+    if role_keys:
+        _plot_roles(axes[-1, -1], records, role_keys)
+    else:
+        axes[-1, -1].set_visible(False)
     ax = axes[0, 0]
     train = [(r["step"], r["reward_mean"]) for r in records if r.get("reward_mean") is not None]
     if train:

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from relayrl.errors import InvalidRequest
+from relayrl.trajectory.roles import check_group_roles, role_group_id
 
 if TYPE_CHECKING:
     from relayrl.trajectory.batch import RowBatch
@@ -78,6 +79,8 @@ class TrainBatch:
     """Per row, per turn: [start, end) of the turn's sampled tokens (needed for turn credit)."""
     turn_rewards: tuple[tuple[float, ...], ...] | None = None
     """Per row, per turn: the turn's credited return."""
+    roles: tuple[str | None, ...] | None = None
+    """Per row: the role whose samples it trains (None: no role); a group holds one role."""
 
     def __post_init__(self) -> None:
         b, t = self.input_ids_B_T.shape
@@ -98,10 +101,12 @@ class TrainBatch:
             raise InvalidRequest("TrainBatch: loss mask set on padding")
         if t and self.loss_mask_B_T[:, 0].any():
             raise InvalidRequest("TrainBatch: a row trains its first token, which has no context")
-        for name in ("turn_spans", "turn_rewards"):
+        for name in ("turn_spans", "turn_rewards", "roles"):
             value = getattr(self, name)
             if value is not None and len(value) != b:
                 raise InvalidRequest(f"TrainBatch.{name}: {len(value)} entries for {b} rows")
+        if self.roles is not None:  # advantages are per (task, role): never across roles
+            check_group_roles(self.group_ids, self.roles)
 
     @property
     def num_rows(self) -> int:
@@ -163,14 +168,17 @@ class TrainBatch:
             if lacking:
                 raise InvalidRequest(f"rows lack {sorted(lacking)}: the trainer needs what to "
                                      "train on and the behaviour logprobs of those tokens")
+        roles = tuple(r.role for r in rows)
         return replace(
             cls.from_tensors(
                 to_tensor_dict(rows),
                 episode_ids=episode_ids or [r.session_id for r in rows],
-                group_ids=group_ids or [r.task_id or r.session_id for r in rows],
+                group_ids=group_ids or [role_group_id(r.task_id or r.session_id, r.role)
+                                        for r in rows],
             ),
             turn_spans=tuple(tuple((int(s), int(e)) for s, e in r.turn_spans) for r in rows),
             turn_rewards=tuple(tuple(float(x) for x in r.turn_rewards) for r in rows),
+            roles=roles if any(r is not None for r in roles) else None,
         )
 
     @classmethod
@@ -197,6 +205,7 @@ class TrainBatch:
             group_ids=pick(self.group_ids),
             turn_spans=pick(self.turn_spans),
             turn_rewards=pick(self.turn_rewards),
+            roles=pick(self.roles),
         )
 
     def extended(self, other: TrainBatch) -> TrainBatch:
@@ -227,7 +236,15 @@ class TrainBatch:
             group_ids=self.group_ids + other.group_ids,
             turn_spans=join("turn_spans"),
             turn_rewards=join("turn_rewards"),
+            roles=_join_roles(self, other),
         )
+
+
+def _join_roles(a: TrainBatch, b: TrainBatch) -> tuple[str | None, ...] | None:
+    """Both batches' roles, rows without one as None (None when neither has roles)."""
+    if a.roles is None and b.roles is None:
+        return None
+    return (a.roles or (None,) * a.num_rows) + (b.roles or (None,) * b.num_rows)
 
 
 def minibatch_rows(num_rows: int, minibatches: int) -> list[list[int]]:

@@ -39,7 +39,7 @@ from relayrl.train.advantages import compute_advantages
 from relayrl.train.checkpoint import latest_checkpoint
 from relayrl.train.distributed import DistributedActor, join_process_group
 from relayrl.train.losses import SUM_STATS, merge_stats
-from relayrl.train.metrics import MetricsLogger, episode_metrics, trained_tokens
+from relayrl.train.metrics import MetricsLogger, episode_metrics, role_metrics, trained_tokens
 from relayrl.train.packing import TrainBatch, minibatch_rows
 from relayrl.train.ports import (
     BatchSource,
@@ -576,6 +576,7 @@ class _Run:
             step_s=step_s, trained_tokens_per_s=trained_tokens(batch.rows) / max(step_s, 1e-9),
         )
         metrics.update(episode_metrics(batch.rows))
+        metrics.update(role_metrics(batch.rows))
         # cumulative, per reason: a spike in one reason (timeouts, a crashing tool) stands out
         metrics.update({f"aborted/{reason}": float(n)
                         for reason, n in stats.aborted_by_reason.items()})

@@ -17,6 +17,10 @@ session becomes one ATIF trajectory, with the tokens kept:
   `is_copied_context` (it was trained where it was sampled).
 - The trajectory reward (`final_reward`) is in `final_metrics.extra.reward`; session metadata
   and task id in the root's `extra.relayrl`.
+- Roles (docs/multi-agent.md): a (sub-)trajectory whose calls were made under a role names that
+  role as its `agent.name` (a sub-trajectory also in `extra.role`), and every sampled step carries
+  its call's role in `extra.role`; so a planner's segment and a solver's are different agents.
+  Rewards given to single roles are in `final_metrics.extra.role_rewards`.
 
 Import (`atif_rows`) goes the other way, for supervised warm-starts from trajectories any tool
 wrote: one `individual` row per agent step (embedded sub-trajectories included, copied-context
@@ -65,6 +69,8 @@ def session_to_atif(session: Session, *, agent_name: str = "relayrl-agent",
     root["extra"] = {"relayrl": {"task_id": session.task_id, "state": str(session.state),
                                  "metadata": session.metadata}}
     root["final_metrics"]["extra"] = {"reward": session.final_reward}
+    if session.role_rewards:
+        root["final_metrics"]["extra"]["role_rewards"] = dict(session.role_rewards)
     if subs:
         root["subagent_trajectories"] = subs
     return root
@@ -108,7 +114,16 @@ def _trajectory(seg: Segment, k: int, path: Sequence[Interaction],
         },
         "extra": {"branch_reason": str(seg.reason), "parent_interaction_id": seg.parent_id},
     }
+    _name_role(traj, path)
     return traj
+
+
+def _name_role(traj: dict[str, Any], path: Sequence[Interaction]) -> None:
+    """A trajectory of a role's calls is that role's agent: `agent.name` and `extra.role`."""
+    role = next((c.role for c in path if c.role is not None), None)
+    if role is not None:
+        traj["agent"]["name"] = role
+        traj["extra"]["role"] = role
 
 
 def _step(step_id: int, m: Message, call: Interaction | None,
@@ -136,6 +151,8 @@ def _step(step_id: int, m: Message, call: Interaction | None,
     }
     step["extra"] = {"interaction_id": call.id, "reward": call.reward,
                      "segment_id": call.segment_id}
+    if call.role is not None:
+        step["extra"]["role"] = call.role
     return step
 
 

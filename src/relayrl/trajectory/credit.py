@@ -42,6 +42,10 @@ class CallTree:
     final_reward: float | None = None
     """The trajectory-level reward (`Session.set_final_reward`), if any."""
     children: Mapping[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    roles: Mapping[str, str] = field(default_factory=dict)
+    """Role of each call that has one (`relayrl.trajectory.roles`); absent: no role."""
+    role_rewards: Mapping[str, float] = field(default_factory=dict)
+    """Final rewards given to single roles; a role without one gets `final_reward`."""
 
     def __post_init__(self) -> None:
         kids: dict[str, list[str]] = {}
@@ -166,3 +170,34 @@ def credit_rule(name: str) -> CreditFn:
     if name not in rules:
         raise InvalidRequest(f"unknown credit rule {name!r}; known: {sorted(rules)}")
     return rules[name]
+
+
+def per_role(rule: CreditFn, tree: CallTree, gamma: float) -> dict[str, float]:
+    """`rule` applied to each role's calls as a tree of their own (the documented role rule).
+
+    A call whose parent has another role is a root of its role's tree, so credit never flows
+    from one role's calls to another's. Each role's leaves get the role's own final reward when
+    one was set, else the episode's reward: the final reward, or, without one, the last call's
+    own reward (an agent that returned a number), which the last call's role already holds and
+    every other role gets at its leaves. With one role (or none) this is `rule(tree, gamma)`.
+    """
+    roles = [tree.roles.get(n) for n in tree.order]
+    if len(set(roles)) <= 1 and not tree.role_rewards:
+        return rule(tree, gamma)
+    last_reward = tree.rewards.get(tree.order[-1]) if tree.order else None
+    credited: dict[str, float] = {}
+    for role in dict.fromkeys(roles):  # roles in order of first call
+        order = tuple(n for n, r in zip(tree.order, roles, strict=True) if r == role)
+        parents = {n: p if p is not None and tree.roles.get(p) == role else None
+                   for n in order for p in (tree.parents.get(n),)}
+        final: float | None
+        if role is not None and role in tree.role_rewards:
+            final = tree.role_rewards[role]
+        elif tree.final_reward is not None or role == roles[-1]:
+            final = tree.final_reward
+        else:
+            final = last_reward
+        sub = CallTree(order=order, parents=parents,
+                       rewards={n: tree.rewards.get(n) for n in order}, final_reward=final)
+        credited.update(rule(sub, gamma))
+    return credited

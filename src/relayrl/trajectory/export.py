@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from relayrl.chat.parsers import CALL_OPEN
 from relayrl.errors import InvalidRequest, SessionClosed
-from relayrl.trajectory.credit import DEFAULT_CREDIT_RULE, CreditFn, credit_rule
+from relayrl.trajectory.credit import DEFAULT_CREDIT_RULE, CreditFn, credit_rule, per_role
 from relayrl.trajectory.records import Interaction
 from relayrl.trajectory.session import Session, SessionState
 from relayrl.types import PROMPT_VERSION
@@ -99,6 +99,12 @@ class TrajectoryRow:
             raise ValueError(f"reward {self.reward} is not finite")
 
     @property
+    def role(self) -> str | None:
+        """The role whose samples the row trains (`metadata["role"]`); None: no role."""
+        role = self.metadata.get("role")
+        return None if role is None else str(role)
+
+    @property
     def num_tokens(self) -> int:
         """Sequence length."""
         return len(self.input_ids)
@@ -119,7 +125,7 @@ def export_session(
     if session.state == SessionState.ABORTED and not allow_aborted:
         raise SessionClosed(f"session {session.id} was aborted: its calls are not for training")
     rule = credit_rule(credit) if isinstance(credit, str) else credit
-    credited = rule(session.tree(), discount)
+    credited = per_role(rule, session.tree(), discount)
     base_meta = {
         "credit": str(credit) if isinstance(credit, str) else getattr(credit, "__name__", "custom"),
         "discount": discount,
@@ -128,15 +134,40 @@ def export_session(
         # calls cut off before they finished make no row (their client never saw them)
         "aborted_calls": len(session.aborted_calls),
     }
+    if session.role_rewards:
+        base_meta["role_rewards"] = dict(session.role_rewards)
     if style == ExportStyle.INDIVIDUAL:
-        return [_individual_row(session, c, credited[c.id], base_meta)
+        return [_individual_row(session, c, credited[c.id], _with_role(base_meta, c))
                 for c in session.interactions]
     rows: list[TrajectoryRow] = []
     for seg in session.segments():
+        made: set[tuple[str, ...]] = set()
         for path in session.segment_paths(seg.id):
             meta = {**base_meta, "branch_reason": str(seg.reason)}
-            rows.append(_concat_row(session, path, credited, meta))
+            # a path whose calls change role makes one row per run of one role: each row trains
+            # one role's samples, the other role's tokens before it are context
+            for run in role_runs(path):
+                key = tuple(c.id for c in run)
+                if key not in made:  # paths of a branched segment share their first runs
+                    made.add(key)
+                    rows.append(_concat_row(session, run, credited, _with_role(meta, run[0])))
     return rows
+
+
+def role_runs(path: Sequence[Interaction]) -> list[Sequence[Interaction]]:
+    """`path` cut into maximal runs of calls with one role (the whole path when it has one)."""
+    runs: list[Sequence[Interaction]] = []
+    start = 0
+    for i in range(1, len(path) + 1):
+        if i == len(path) or path[i].role != path[start].role:
+            runs.append(path[start:i])
+            start = i
+    return runs
+
+
+def _with_role(meta: dict[str, Any], call: Interaction) -> dict[str, Any]:
+    """`meta` with the row's role (`relayrl.trajectory.roles.ROLE_META`) when its calls have one."""
+    return meta if call.role is None else {**meta, "role": call.role}
 
 
 def _individual_row(

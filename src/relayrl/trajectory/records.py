@@ -134,6 +134,8 @@ class Interaction:
     metadata: dict[str, Any] = field(default_factory=dict)
     """What the request said beyond the conversation: its wire format, and what was left out
     of the prompt or mapped (hosted tools, tool kinds), JSON values only."""
+    role: str | None = None
+    """Which agent of the episode made the call (`relayrl.trajectory.roles`); None: no role."""
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
@@ -181,6 +183,7 @@ class Interaction:
             "timings": dict(self.timings),
             "reward": self.reward,
             "metadata": dict(self.metadata),
+            "role": self.role,
         }
 
     @classmethod
@@ -205,6 +208,7 @@ class Interaction:
             timings={k: float(v) for k, v in (d.get("timings") or {}).items()},
             reward=None if d.get("reward") is None else float(d["reward"]),
             metadata=dict(d.get("metadata") or {}),
+            role=None if d.get("role") is None else str(d["role"]),
         )
 
 

@@ -176,6 +176,8 @@ class Session:
         self.key_hash = key_hash
         self.state = SessionState.OPEN
         self.final_reward: float | None = None
+        self.role_rewards: dict[str, float] = {}
+        """Final rewards the agent gave single roles (`set_final_reward(..., role=)`)."""
         self._clock = clock
         self.created = clock() if created is None else created
         self.last_active = self.created
@@ -305,6 +307,8 @@ class Session:
             parents={c.id: c.parent_id for c in self._calls.values()},
             rewards={c.id: c.reward for c in self._calls.values()},
             final_reward=self.final_reward,
+            roles={c.id: c.role for c in self._calls.values() if c.role is not None},
+            role_rewards=dict(self.role_rewards),
         )
 
     def stats(self) -> SessionStats:
@@ -336,6 +340,7 @@ class Session:
         id: str | None = None,
         finish_reason: str | None = None,
         metadata: dict[str, Any] | None = None,
+        role: str | None = None,
     ) -> Interaction:
         """Make the record of a finished call (not yet recorded); the segment follows the tokens.
 
@@ -376,6 +381,7 @@ class Session:
             created=self._clock(),
             timings=_timings_dict(output.timings),
             metadata=dict(metadata or {}),
+            role=role,
         )
 
     def record(self, interaction: Interaction) -> None:
@@ -483,10 +489,16 @@ class Session:
         self.touch()
         return interaction_id
 
-    def set_final_reward(self, reward: float) -> None:
-        """Set the trajectory-level reward (credited to the leaves by the credit rules)."""
+    def set_final_reward(self, reward: float, role: str | None = None) -> None:
+        """Set the trajectory-level reward (credited to the leaves by the credit rules); with
+        `role`, the final reward of that role's calls only (relayrl.trajectory.roles)."""
         self._require(SessionState.OPEN, SessionState.ENDED)
         value = _finite(reward)
+        if role is not None:
+            self._write(EventKind.FINAL_REWARD, {"reward": value, "role": role})
+            self.role_rewards[role] = value
+            self.touch()
+            return
         self._write(EventKind.FINAL_REWARD, {"reward": value})
         self.final_reward = value
         self.touch()

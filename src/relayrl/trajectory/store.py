@@ -162,7 +162,7 @@ def _apply(
     elif kind == EventKind.REWARD:
         session.set_reward(body["interaction_id"], body["reward"])
     elif kind == EventKind.FINAL_REWARD:
-        session.set_final_reward(body["reward"])
+        session.set_final_reward(body["reward"], role=body.get("role"))
     elif kind == EventKind.END:
         session.end()
     elif kind == EventKind.EXPORTED:

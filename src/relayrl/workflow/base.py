@@ -16,6 +16,7 @@ from typing import Any
 from relayrl.errors import InvalidRequest
 from relayrl.trajectory import TrajectoryRow
 from relayrl.trajectory.batch import RowBatch
+from relayrl.trajectory.roles import role_group_id
 from relayrl.workflow.context import EpisodeContext
 from relayrl.workflow.tensors import TensorDict, rows_from_tensor_dict
 
@@ -58,7 +59,7 @@ def to_rows(result: EpisodeResult, ctx: EpisodeContext) -> RowBatch | None:
         rows = list(result.values())  # type: ignore[union-attr]
         return RowBatch(tuple(rows),
                         tuple(_row_label(r, "episode_id", ctx.episode_id) for r in rows),
-                        tuple(_row_label(r, "group_id", ctx.group_id) for r in rows))
+                        tuple(_group_label(r, ctx.group_id) for r in rows))
     if isinstance(result, Mapping) and any(isinstance(v, TrajectoryRow)
                                            for v in result.values()):
         bad = next(k for k, v in result.items() if not isinstance(v, TrajectoryRow))
@@ -73,6 +74,13 @@ def to_rows(result: EpisodeResult, ctx: EpisodeContext) -> RowBatch | None:
     episode_ids = tuple(result.get("episode_ids") or (ctx.episode_id,) * n)
     group_ids = tuple(result.get("group_ids") or (ctx.group_id,) * n)
     return RowBatch(tuple(rows), episode_ids, group_ids)
+
+
+def _group_label(row: TrajectoryRow, default: str) -> str:
+    """The row's group: relayrl's own group is split per role, per (task, role); a group the
+    workflow named itself is kept (and refused by the trainer if it mixes roles)."""
+    group = _row_label(row, "group_id", default)
+    return role_group_id(group, row.role) if group == default else group
 
 
 def _row_label(row: TrajectoryRow, key: str, default: str) -> str:

@@ -2,8 +2,9 @@
 
 Layout (as AReaL's trajectory dumps): `{fileroot}/{experiment}/{trial}/{rollout|eval-rollout}/{version}/{task_id}.jsonl`,
 one line per row with `task_id, sample_idx, seqlen, prompt_len, head_version, tail_version,
-reward, prompt, completion` (plus `episode_id` and `group_id`). `prompt` is the text before the
-row's first trained token, `completion` the rest (tool results and later turns included). Each
+reward, prompt, completion` (plus `episode_id` and `group_id`, and `role` where the row has one).
+`prompt` is the text before the row's first trained token, `completion` the rest (tool results
+and later turns included). Each
 file is written to a temporary name and renamed, so a reader never sees half a file.
 
 Tradeoff: text needs a tokenizer; without a `decode` function the two text fields hold the token
@@ -56,7 +57,7 @@ class TrajectoryDumper:
         ids = row.input_ids
         prompt_len = row.loss_mask.index(1) if 1 in row.loss_mask else len(ids)
         versions = [v for v, m in zip(row.versions, row.loss_mask, strict=True) if m]
-        return {
+        record = {
             "task_id": task_id,
             "sample_idx": i,
             "seqlen": len(ids),
@@ -69,6 +70,9 @@ class TrajectoryDumper:
             "episode_id": batch.episode_ids[i],
             "group_id": batch.group_ids[i],
         }
+        if row.role is not None:  # multi-agent runs: which agent the row trains
+            record["role"] = row.role
+        return record
 
     def _text(self, ids: list[int]) -> str | list[int]:
         return self.decode(ids) if self.decode is not None else ids
