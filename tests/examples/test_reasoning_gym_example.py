@@ -63,8 +63,9 @@ def test_two_grpo_steps_on_reasoning_gym_scored_by_its_own_scorer(tmp_path: Path
     lines = [json.loads(x) for x in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in lines if "step_s" in m]
     assert [m["step"] for m in steps] == [1, 2]
-    # the agent's counters reach the step metrics: 2 questions x 2 episodes a step
-    assert steps[-1]["workflow/episodes"] >= 8 and 0 <= steps[-1]["workflow/mean_score"] <= 1
+    # the agent's counters reach the step metrics: 2 questions x 2 episodes a step; they are
+    # read while the next batch's episodes run, so step 2 holds at least step 1's batch
+    assert steps[-1]["workflow/episodes"] >= 4 and 0 <= steps[-1]["workflow/mean_score"] <= 1
     final = next(m for m in lines if "eval_reward_after" in m)
     assert (final["eval_reward_before"], final["eval_reward_after"]) == (
         pytest.approx(float(summary[1]), abs=1e-3), pytest.approx(float(summary[2]), abs=1e-3))
