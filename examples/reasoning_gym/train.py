@@ -47,7 +47,9 @@ def main(argv: list[str]) -> None:
     if rates:
         print("held-out format compliance (the reply is the bare answer): before RL "
               f"{rates.get('before', float('nan')):.3f} -> after RL "
-              f"{rates.get('after', float('nan')):.3f}")
+              f"{rates.get('after', float('nan')):.3f}; exactly right (score 1.0) "
+              f"{rates.get('full_before', float('nan')):.3f} -> "
+              f"{rates.get('full_after', float('nan')):.3f}")
     print(f"total wall time {(time.perf_counter() - started) / 60:.1f} min")
 
 
@@ -57,17 +59,18 @@ SPECIAL = re.compile(r"<\|[^|]*\|>")
 
 
 def format_rates(run_dir: Path) -> dict[str, float]:
-    """Shares of the held-out greedy replies that are a bare answer, first and last eval dumped."""
+    """Shares of the held-out greedy replies, first and last eval dumped, that are a bare answer
+    (`before`, `after`) and that scored full marks (`full_before`, `full_after`)."""
     root = run_dir / "eval-rollout"
-    versions = sorted((int(d.name) for d in root.glob("*") if d.name.isdigit()), key=int)
+    versions = sorted(int(d.name) for d in root.glob("*") if d.name.isdigit())
     out: dict[str, float] = {}
     for key, version in (("before", versions[:1]), ("after", versions[-1:])):
-        replies = [json.loads(x)["completion"] for v in version
-                   for f in (root / str(v)).glob("*.jsonl")
+        records = [json.loads(x) for v in version for f in (root / str(v)).glob("*.jsonl")
                    for x in f.read_text().splitlines() if x.strip()]
-        texts = [SPECIAL.sub("", r).strip() for r in replies if isinstance(r, str)]
+        texts = [SPECIAL.sub("", str(r.get("completion", ""))).strip() for r in records]
         if texts:
             out[key] = sum(bool(BARE_ANSWER.fullmatch(t)) for t in texts) / len(texts)
+            out[f"full_{key}"] = sum(float(r.get("reward") or 0) >= 1 for r in records) / len(texts)
     return out
 
 

@@ -87,11 +87,13 @@ def test_the_format_rate_counts_bare_answers_in_the_dumped_held_out_replies(
     spec.loader.exec_module(job)
     format_rates = job.format_rates
     assert format_rates(tmp_path) == {}  # no eval dumped: nothing to report
-    replies = {0: ["1 + 5 = 6", "6<|im_end|>", "The answer is 14."], 3: ["6", " 14", "-2.5"]}
+    replies = {0: [("1 + 5 = 6", 1 / 9), ("6<|im_end|>", 1.0), ("The answer is 14.", 2 / 17)],
+               3: [("6", 1.0), (" 14", 0.0), ("-2.5", 0.0)]}
     for version, texts in replies.items():
         folder = tmp_path / "eval-rollout" / str(version)
         folder.mkdir(parents=True)
-        (folder / "t.jsonl").write_text("".join(json.dumps({"completion": t}) + "\n"
-                                                for t in texts))
+        (folder / "t.jsonl").write_text("".join(
+            json.dumps({"completion": t, "reward": r}) + "\n" for t, r in texts))
     rates = format_rates(tmp_path)
-    assert rates == {"before": pytest.approx(1 / 3), "after": 1.0}
+    assert rates == {"before": pytest.approx(1 / 3), "after": 1.0,
+                     "full_before": pytest.approx(1 / 3), "full_after": pytest.approx(1 / 3)}
