@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -33,13 +35,43 @@ def main(argv: list[str]) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     started = time.perf_counter()
     cfg = load_config(RelayConfig, HERE / "config.yaml", argv)
+    if cfg.rollout.dump_root is None:  # the held-out replies, for the format-compliance rate
+        cfg = replace(cfg, rollout=replace(cfg.rollout, dump_root=cfg.fileroot))
     if cfg.train.keep_heap:  # before the gateway starts the first threads
         keep_freed_heap()
     result = train(cfg, load_dataset(cfg.data.train), load_dataset(cfg.data.eval),
                    workflow=cfg.workflow, workflow_kwargs=cfg.workflow_kwargs,
                    eval_workflow_kwargs=cfg.eval.workflow_kwargs or None)
     print(result.summary())
+    rates = format_rates(cfg.run_dir)
+    if rates:
+        print("held-out format compliance (the reply is the bare answer): before RL "
+              f"{rates.get('before', float('nan')):.3f} -> after RL "
+              f"{rates.get('after', float('nan')):.3f}; exactly right (score 1.0) "
+              f"{rates.get('full_before', float('nan')):.3f} -> "
+              f"{rates.get('full_after', float('nan')):.3f}")
     print(f"total wall time {(time.perf_counter() - started) / 60:.1f} min")
+
+
+BARE_ANSWER = re.compile(r"-?\d+(\.\d+)?")
+"""A reply that is only a number: the form `score_answer` gives full marks to."""
+SPECIAL = re.compile(r"<\|[^|]*\|>")
+
+
+def format_rates(run_dir: Path) -> dict[str, float]:
+    """Shares of the held-out greedy replies, first and last eval dumped, that are a bare answer
+    (`before`, `after`) and that scored full marks (`full_before`, `full_after`)."""
+    root = run_dir / "eval-rollout"
+    versions = sorted(int(d.name) for d in root.glob("*") if d.name.isdigit())
+    out: dict[str, float] = {}
+    for key, version in (("before", versions[:1]), ("after", versions[-1:])):
+        records = [json.loads(x) for v in version for f in (root / str(v)).glob("*.jsonl")
+                   for x in f.read_text().splitlines() if x.strip()]
+        texts = [SPECIAL.sub("", str(r.get("completion", ""))).strip() for r in records]
+        if texts:
+            out[key] = sum(bool(BARE_ANSWER.fullmatch(t)) for t in texts) / len(texts)
+            out[f"full_{key}"] = sum(float(r.get("reward") or 0) >= 1 for r in records) / len(texts)
+    return out
 
 
 def read_run(metrics: Path) -> dict[str, float]:
@@ -51,6 +83,7 @@ def read_run(metrics: Path) -> dict[str, float]:
     out = {k.removeprefix("eval_reward_"): float(final[k])
            for k in ("eval_reward_before", "eval_reward_after") if k in final}
     out["steps"] = sum("loss" in r for r in records)
+    out.update({f"format_{k}": v for k, v in format_rates(metrics.parent.parent).items()})
     return out
 
 
@@ -60,17 +93,20 @@ def seeds(argv: list[str]) -> bool:
                  for s in a.removeprefix("seed=").split(",") if s.strip()]
     rest = [a for a in argv if not a.startswith("seed=")]
     cfg = load_config(RelayConfig, HERE / "config.yaml", rest)
-    lines = ["| seed | before RL | after RL | lift | steps | wall min | exit |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| seed | before RL | after RL | lift | bare-answer replies before -> after | steps "
+             "| wall min | load avg (1/5/15 min) at start; at end | exit |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     lifts: list[float] = []
     ok = True
     for seed in seed_list:
         trial = f"{cfg.trial_name}-seed{seed}"
         print(f"== seed {seed}: trial {trial}", flush=True)
+        load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
         started = time.perf_counter()
         proc = subprocess.run([sys.executable, __file__, *rest, f"seed={seed}",
                                f"trial_name={trial}"], env=os.environ.copy(), check=False)
         wall = (time.perf_counter() - started) / 60
+        load += "; " + " / ".join(f"{x:.1f}" for x in os.getloadavg())
         r = read_run(Path(cfg.fileroot) / cfg.experiment_name / trial / "logs" / "metrics.jsonl")
         lift = r["after"] - r["before"] if {"before", "after"} <= r.keys() else None
         if lift is not None:
@@ -78,13 +114,16 @@ def seeds(argv: list[str]) -> bool:
         ok &= proc.returncode == 0
         lines.append(f"| {seed} | {r.get('before', float('nan')):.3f} | "
                      f"{r.get('after', float('nan')):.3f} | "
-                     f"{'n/a' if lift is None else f'{lift:+.3f}'} | {int(r.get('steps', 0))} | "
-                     f"{wall:.1f} | {proc.returncode} |")
+                     f"{'n/a' if lift is None else f'{lift:+.3f}'} | "
+                     f"{r.get('format_before', float('nan')):.2f} -> "
+                     f"{r.get('format_after', float('nan')):.2f} | {int(r.get('steps', 0))} | "
+                     f"{wall:.1f} | {load} | {proc.returncode} |")
     if lifts:
         spread = statistics.stdev(lifts) if len(lifts) > 1 else 0.0
         lines.append(f"\nRL lift over {len(lifts)} of {len(seed_list)} runs: mean "
                      f"{statistics.mean(lifts):+.3f}, sample std {spread:.3f}, "
-                     f"min {min(lifts):+.3f}, max {max(lifts):+.3f}")
+                     f"min {min(lifts):+.3f}, max {max(lifts):+.3f}; lift > 0 in "
+                     f"{sum(x > 0 for x in lifts)} of {len(lifts)}")
     report = "\n".join(lines)
     print(report, flush=True)
     out = Path(cfg.fileroot) / cfg.experiment_name / f"{cfg.trial_name}-seeds.md"
