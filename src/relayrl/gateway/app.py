@@ -50,6 +50,7 @@ from relayrl.gateway.guard import Guard
 from relayrl.gateway.upkeep import Upkeep
 from relayrl.gateway.wires import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Wire
 from relayrl.trajectory import Session
+from relayrl.trajectory.links import REQUEST_LINK_KEY, signal_from_request
 
 log = logging.getLogger("relayrl.gateway")
 T = TypeVar("T")
@@ -81,6 +82,9 @@ async def serve_completion(request: Request, wire: Wire) -> Any:
     idem_key = idempotency.read_key(request.headers)
     body = await read_json(request)
     req = _parse(deps, wire, body)
+    link = signal_from_request(request.headers, req.metadata.get("metadata"))
+    if link is not None:  # compaction / sub-agent signal: recorded with the call, used by locate
+        req.metadata[REQUEST_LINK_KEY] = link.to_dict()
     callback = rollout_callback.from_body(body) if wire is OPENAI_CHAT else None
     if callback is not None:  # the remote rollout protocol
         rollout_callback.check_request(callback, session, req.stream)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from relayrl.chat.parsers import CALL_OPEN
 from relayrl.errors import InvalidRequest, SessionClosed
 from relayrl.trajectory.credit import DEFAULT_CREDIT_RULE, CreditFn, credit_rule
-from relayrl.trajectory.records import Interaction
+from relayrl.trajectory.records import Interaction, Segment
 from relayrl.trajectory.session import Session, SessionState
 from relayrl.types import PROMPT_VERSION
 
@@ -135,8 +135,16 @@ def export_session(
     for seg in session.segments():
         for path in session.segment_paths(seg.id):
             meta = {**base_meta, "branch_reason": str(seg.reason)}
+            meta.update(segment_link_meta(seg))
             rows.append(_concat_row(session, path, credited, meta))
     return rows
+
+
+def segment_link_meta(seg: Segment) -> dict[str, Any]:
+    """Row metadata of a linked segment: the segment it continues and the rule that linked it."""
+    if seg.parent_segment_id is None:
+        return {}
+    return {"parent_segment_id": seg.parent_segment_id, "link_rule": seg.link_rule}
 
 
 def _individual_row(
