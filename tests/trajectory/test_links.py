@@ -63,7 +63,7 @@ def _call(session: Session, messages: Sequence[Message], reply: str, *,
 
 def _work(s: Session) -> tuple[list[Message], Interaction]:
     h = [sys_msg("You are a coding agent."), user("fix the failing parser test")]
-    c1 = _call(s, h, "I will look at parse.py.")
+    _call(s, h, "I will look at parse.py.")
     h += [assistant("I will look at parse.py."), user("go on")]
     c2 = _call(s, h, "read_header has an off-by-one at line 42.")
     h += [assistant("read_header has an off-by-one at line 42.")]
@@ -178,7 +178,7 @@ def test_subagent_calls_form_their_own_linked_segment(tool: str, key: str) -> No
 
 def test_explicit_signal_links_and_names_the_parent() -> None:
     s = Session("s")
-    h, c2 = _work(s)
+    _h, c2 = _work(s)
     sig = signal_from_request({"x-relayrl-link": f"compaction; parent={c2.id}"}, None)
     assert sig == LinkSignal(BranchReason.COMPACTION, c2.id, "header")
     cont = _call(s, [user("Summary of the work so far: line 42.")], "ok", signal=sig)

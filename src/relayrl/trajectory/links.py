@@ -190,7 +190,7 @@ def _reply_lines(c: Interaction) -> list[str]:
             if len(ln.strip()) >= MIN_COPIED_LINE and not ln.strip().startswith("<")]
 
 
-def _copied_in(c: Interaction, text: str) -> bool:
+def copied_in(c: Interaction, text: str) -> bool:
     """Most (at least half) of the reply's substantial lines occur in `text`."""
     lines = _reply_lines(c)
     if not lines:
@@ -216,7 +216,7 @@ def _copied_summary(calls: Sequence[Interaction], conv: Conversation) -> Link | 
         # message carries a CLI's summary prefix: a handoff between agents is not a compaction
         candidates = inputs if COMPACTION_KEY in c.metadata else prefixed
         for m in candidates:
-            if _copied_in(c, m.content):
+            if copied_in(c, m.content):
                 return Link(BranchReason.COMPACTION, c, _prefix_rule(m))
     return None
 
