@@ -21,7 +21,7 @@ Detection, in order (the first that applies wins; the rule's name is recorded on
    `compact` -> compaction). Without a named parent, the session's last recorded call.
 2. Copied summary: a non-assistant message holds at least half of the substantial lines of the
    reply of a stored call that was a summarisation request (rule `copied_reply`), or of any
-   stored call when the message starts with a CLI's continuation prefix (rule
+   stored call when the message holds a CLI's continuation prefix (rule
    `summary_prefix:codex` / `summary_prefix:claude_code`). The most recent such call is the
    parent. (A reply handed to another agent without either mark is a handoff, not a summary.)
 3. Sub-agent tool call: the first user message holds the prompt argument of a sub-agent tool call
@@ -201,7 +201,7 @@ def copied_in(c: Interaction, text: str) -> bool:
 
 def _prefix_rule(message: Message) -> str:
     for which, prefix in SUMMARY_PREFIXES:
-        if message.content.lstrip().startswith(prefix):
+        if prefix in message.content:  # the CLIs may put reminders before it in one message
             return f"summary_prefix:{which}"
     return "copied_reply"
 
