@@ -24,8 +24,8 @@ Detection, in order (the first that applies wins; the rule's name is recorded on
    stored call when the message holds a CLI's continuation prefix (rule
    `summary_prefix:codex` / `summary_prefix:claude_code`). The most recent such call is the
    parent. (A reply handed to another agent without either mark is a handoff, not a summary.)
-3. Sub-agent tool call: the first user message holds the prompt argument of a sub-agent tool call
-   in a stored call's reply (rule `tool:<name>`).
+3. Sub-agent tool call: a user message before the first assistant turn holds the prompt argument
+   of a sub-agent tool call in a stored call's reply (rule `tool:<name>`).
 4. A summarisation request that re-renders the history under another system prompt (Claude
    Code's compaction call): linked to the stored call whose non-system messages + reply are the
    longest prefix of its own (rule `summary_request:<which>`).
@@ -231,16 +231,22 @@ def _subagent_prompt(arguments: str, key: str) -> str | None:
 
 
 def _spawning_call(calls: Sequence[Interaction], conv: Conversation) -> Link | None:
-    first_user = next((m for m in conv.messages if m.role == "user"), None)
-    if first_user is None:
+    opening: list[str] = []  # the user messages before the first assistant turn
+    for m in conv.messages:  # (Codex puts its environment context before the task)
+        if m.role == "assistant":
+            break
+        if m.role == "user":
+            opening.append(m.content)
+    if not opening:
         return None
     for c in reversed(calls):
         for tc in c.reply.tool_calls:
-            key = SUBAGENT_TOOLS.get(tc.name)
+            # a namespaced tool is rendered `NAMESPACE.NAME` (Codex: `multi_agent_v1.spawn_agent`)
+            key = SUBAGENT_TOOLS.get(tc.name) or SUBAGENT_TOOLS.get(tc.name.rsplit(".", 1)[-1])
             if key is None:
                 continue
             prompt = _subagent_prompt(tc.arguments, key)
-            if prompt and len(prompt) >= MIN_SUBAGENT_PROMPT and prompt in first_user.content:
+            if prompt and len(prompt) >= MIN_SUBAGENT_PROMPT and any(prompt in t for t in opening):
                 return Link(BranchReason.SUBAGENT, c, f"tool:{tc.name}")
     return None
 
