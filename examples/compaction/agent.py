@@ -1,9 +1,9 @@
 """A small agent that compacts its own history, written against the plain `openai` client.
 
-Each episode: the user hands the agent a code to remember and some chatter, the history grows
+Each episode: the user hands the agent a password to remember and some chatter, the history grows
 past the agent's budget, so the agent asks the model for a summary (the compaction call), drops
-the old turns and goes on from the summary alone. The final question needs the code: the episode
-is rewarded 1.0 when the answer holds it, so the reward depends on what the summary kept.
+the old turns and goes on from the summary alone. The final question needs the password: the
+episode is rewarded 1.0 when the answer holds it, so the reward depends on what the summary kept.
 
 The continuation call carries `X-RelayRL-Link: compaction; parent=<the summary's reply id>`: relayrl
 then records it as a `compaction` segment under the call that wrote the summary, trains that call
@@ -24,17 +24,18 @@ from openai import OpenAI
 
 SYSTEM = "You are a helpful assistant. Keep answers short."
 COMPACT_PROMPT = ("This conversation is about to be cleared. Write a one-line note for "
-                  "yourself that keeps what matters, with every code exactly as written.")
+                  "yourself that keeps what matters, with every password exactly as written.")
 SUMMARY_INTRO = "Your note from the earlier conversation: "
-TEMPERATURE = 0.8
+TEMPERATURE = 1.0
 THINGS = ("blue locker", "garage door", "bike lock", "safe", "front gate", "storage box")
+WORDS = ("walnut", "harbor", "meadow", "copper", "lantern", "violet", "maple", "falcon")
 CHATTER = ("By the way, the weather is nice today.", "I had pasta for lunch.",
            "My cat is sleeping on the sofa.", "The train was late this morning.")
 
 
 @dataclass(frozen=True)
 class Task:
-    """One episode's facts: what the code opens, the code, and the chatter before compaction."""
+    """One episode's facts: what the password opens, the password, the chatter before compaction."""
 
     thing: str
     code: str
@@ -42,9 +43,8 @@ class Task:
 
     @classmethod
     def sample(cls, rng: random.Random) -> Task:
-        """A random task (a 4-digit code)."""
-        return cls(rng.choice(THINGS), f"{rng.randrange(1000, 10000)}",
-                   tuple(rng.sample(CHATTER, 2)))
+        """A random task (a one-word password, one line of chatter)."""
+        return cls(rng.choice(THINGS), rng.choice(WORDS), tuple(rng.sample(CHATTER, 1)))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (a dataset item)."""
@@ -69,11 +69,11 @@ def _ask(client: OpenAI, messages: list[dict[str, str]], max_tokens: int,
     return r.choices[0].message.content or "", r.id
 
 
-def run_episode(client: OpenAI, task: Task, budget_messages: int = 5) -> Episode:
+def run_episode(client: OpenAI, task: Task, budget_messages: int = 4) -> Episode:
     """Remember, chat, compact when the history passes its budget, answer from the summary."""
     history = [{"role": "system", "content": SYSTEM},
-               {"role": "user", "content": f"Remember this: the code for the {task.thing} is "
-                                           f"{task.code}."}]
+               {"role": "user", "content": f"Remember this: the password for the {task.thing} "
+                                           f"is {task.code}."}]
     for line in task.chatter:
         reply, _ = _ask(client, history, 24)
         history += [{"role": "assistant", "content": reply}, {"role": "user", "content": line}]
@@ -85,11 +85,12 @@ def run_episode(client: OpenAI, task: Task, budget_messages: int = 5) -> Episode
     summary, summary_id = _ask(client, [*history, {"role": "user", "content": COMPACT_PROMPT}],
                                48)
     compacted = [{"role": "system", "content": SYSTEM},
-                 {"role": "user", "content": f"{SUMMARY_INTRO}{summary}\n\nWhat is the code for "
-                                             f"the {task.thing}? Reply with the 4-digit code only."}]
+                 {"role": "user", "content": f"{SUMMARY_INTRO}{summary}\n\nWhat is the password "
+                                             f"for the {task.thing}? Reply with the password only."}]
     answer, _ = _ask(client, compacted, 16,
                      headers={"X-RelayRL-Link": f"compaction; parent={summary_id}"})
-    return Episode(summary, answer, 1.0 if task.code in answer else 0.0, summary_id)
+    return Episode(summary, answer, 1.0 if task.code.lower() in answer.lower() else 0.0,
+                   summary_id)
 
 
 def main() -> None:

@@ -43,6 +43,7 @@ from relayrl.train.advantages import compute_advantages  # noqa: E402
 from relayrl.train.config import TrainConfig  # noqa: E402
 from relayrl.train.packing import TrainBatch  # noqa: E402
 from relayrl.trajectory import TrajectoryRow, export_session  # noqa: E402
+from relayrl.trajectory.interchange import write_jsonl  # noqa: E402
 
 ADMIN = "compaction-measure-admin"
 
@@ -116,6 +117,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rows-out", default=None, help="also write the exported rows (JSONL) here")
     args = p.parse_args()
     torch.manual_seed(args.seed)
     model_dir = model_path(DEFAULT_MODEL)
@@ -129,16 +131,22 @@ def main() -> None:
         sessions = [gw.deps.store.get(sid) for sid, _, _ in episodes]
         rows = [r for s in sessions for r in export_session(s)]
     collect_s = time.perf_counter() - started
+    if args.rows_out:
+        write_jsonl(rows, args.rows_out)
+    print(f"collected {len(episodes)} episodes in {collect_s:.0f} s "
+          f"(reward mean {sum(ep.reward for _, _, ep in episodes) / len(episodes):.3f})",
+          file=sys.stderr, flush=True)
     summary_ids = {s.interactions[-2].id for s in sessions}  # the call before the answer
     assert all(s.interactions[-1].parent_id in summary_ids for s in sessions)
     spans = summary_spans(rows, summary_ids)
     rewards = {s.id: ep.reward for s, (_, _, ep) in zip(sessions, episodes, strict=True)}
-    kept = [t.code in ep.summary for _, t, ep in episodes]
+    kept = [t.code.lower() in ep.summary.lower() for _, t, ep in episodes]
     probe = TrainBatch.from_rows(rows)
     tcfg = TrainConfig(lr=args.lr, micro_batch_tokens=2048)
-    arms = {"trained": train_arm(model_dir, tcfg, rows, probe, spans, args.steps),
-            "dropped": train_arm(model_dir, tcfg, without_summaries(rows, spans), probe, spans,
-                                 args.steps)}
+    arms = {"trained": train_arm(model_dir, tcfg, rows, probe, spans, args.steps)}
+    print(f"arm trained: {arms['trained']['update_s']} s", file=sys.stderr, flush=True)
+    arms["dropped"] = train_arm(model_dir, tcfg, without_summaries(rows, spans), probe, spans,
+                                args.steps)
     outcome = [rewards[rows[i].session_id] for i, _, _ in spans]
 
     def mean_delta(arm: dict[str, Any], reward: float) -> float | None:

@@ -19,12 +19,12 @@ sys.path.insert(0, str(ROOT / "examples" / "compaction"))
 from agent import Task, run_episode  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
-TASK = Task("blue locker", "4821", ("I had pasta for lunch.", "The train was late."))
+TASK = Task("blue locker", "walnut", ("I had pasta for lunch.",))
 
 
 def _episode(gw: Gateway, summary: str, answer: str) -> tuple[str, float]:
     assert gw.script is not None
-    gw.script.replies += ["Noted.", "Nice.", "Sure.", summary, answer]
+    gw.script.replies += ["Noted.", "Nice.", summary, answer]
     s = gw.start_session(task_id="locker")
     client = OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
     ep = run_episode(client, TASK)
@@ -34,8 +34,8 @@ def _episode(gw: Gateway, summary: str, answer: str) -> tuple[str, float]:
 
 
 @pytest.mark.parametrize(("summary", "answer", "reward"), [
-    ("The blue locker code is 4821.", "4821", 1.0),
-    ("We talked about lunch and trains.", "1234", 0.0),
+    ("The blue locker password is walnut.", "Walnut", 1.0),
+    ("We talked about lunch.", "maple", 0.0),
 ])
 def test_the_summary_carries_loss_and_the_episode_reward(model_dir: str, summary: str,
                                                          answer: str, reward: float) -> None:
