@@ -10,6 +10,7 @@
    in episodes that succeeded and in episodes that failed.
 
     python examples/compaction/measure.py [--tasks 4] [--group 4] [--steps 2] [--lr 1e-5]
+                                          [--temperature 1.0] [--rows-out rows.jsonl]
 
 Prints one JSON object; numbers are as measured on this machine (see docs/compaction.md).
 """
@@ -30,6 +31,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import agent  # noqa: E402
 import httpx  # noqa: E402
 import torch  # noqa: E402
 from agent import Episode, Task, run_episode  # noqa: E402
@@ -117,9 +119,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=agent.TEMPERATURE)
     p.add_argument("--rows-out", default=None, help="also write the exported rows (JSONL) here")
     args = p.parse_args()
     torch.manual_seed(args.seed)
+    agent.TEMPERATURE = args.temperature
     model_dir = model_path(DEFAULT_MODEL)
     rng = random.Random(args.seed)
     tasks = [Task.sample(rng) for _ in range(args.tasks)]
@@ -165,7 +169,7 @@ def main() -> None:
                                            zip(episodes, kept, strict=True) if not k)
                                        / max(1, len(kept) - sum(kept)), 3),
         "rows": len(rows), "summary_tokens_trained": sum(e - s for _, s, e in spans),
-        "steps": args.steps, "lr": args.lr,
+        "steps": args.steps, "lr": args.lr, "temperature": args.temperature,
         "delta_summary_logprob": {
             arm: {"succeeded": mean_delta(v, 1.0), "failed": mean_delta(v, 0.0)}
             for arm, v in arms.items()},
