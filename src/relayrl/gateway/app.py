@@ -48,8 +48,9 @@ from relayrl.gateway.core import (
 )
 from relayrl.gateway.guard import Guard
 from relayrl.gateway.upkeep import Upkeep
-from relayrl.gateway.wires import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Wire
+from relayrl.gateway.wires import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Wire, interaction_id
 from relayrl.trajectory import Session
+from relayrl.trajectory.links import REQUEST_LINK_KEY, signal_from_request
 from relayrl.trajectory.roles import ROLE_HEADER, resolve_role
 
 log = logging.getLogger("relayrl.gateway")
@@ -87,6 +88,11 @@ async def serve_completion(request: Request, wire: Wire) -> Any:
                              "set gateway.roles: true")
     if session is not None and deps.config.roles:
         req = replace(req, role=call_role(deps, request, session, req))
+    link = signal_from_request(request.headers, req.metadata.get("metadata"))
+    if link is not None:  # compaction / sub-agent signal: recorded with the call, used by locate
+        # the parent may be named by the reply id the agent saw (`chatcmpl-...`, `resp_...`)
+        link = replace(link, parent_id=interaction_id(link.parent_id))
+        req.metadata[REQUEST_LINK_KEY] = link.to_dict()
     callback = rollout_callback.from_body(body) if wire is OPENAI_CHAT else None
     if callback is not None:  # the remote rollout protocol
         rollout_callback.check_request(callback, session, req.stream)

@@ -39,6 +39,7 @@ from relayrl.gateway.config import GatewayConfig
 from relayrl.gateway.idempotency import IdempotencyCache
 from relayrl.gateway.session_store import SessionStore
 from relayrl.trajectory import AbortedCall, BranchReason, Interaction, InteractionLog, Session
+from relayrl.trajectory.links import REQUEST_LINK_KEY, LinkSignal
 from relayrl.types import FinishReason, GenerateOutput, GenerateRequest, TokenChunk
 
 log = logging.getLogger("relayrl.gateway")
@@ -201,6 +202,8 @@ class PreparedCall:
     """One id per choice, fixed before sampling so a stream can name its call up front."""
     starts_in_reasoning: bool
     """The prompt opened a `<think>` block (templates that start replies inside reasoning)."""
+    link_rule: str | None = None
+    """For a compaction or sub-agent segment: the rule that linked it (`trajectory.links`)."""
 
 
 OFFLOAD_CHARS = 32_768
@@ -242,7 +245,7 @@ async def prepare_async(deps: GatewayDeps, session: Session | None,
     # meanwhile); only the render and tokenizing (which releases the GIL) run in the thread.
     conv = req.conversation
     _check_tool_choice(conv)
-    parent, reason = _locate(session, conv)
+    parent, reason, rule = _locate_linked(session, req)
     if (parent is None or reason is not None) and deps.renderer.deterministic:
         key = render_key(conv)  # a GRPO group sends a long prompt many times: render it once
         prompt = deps.renders.get(key)
@@ -251,7 +254,7 @@ async def prepare_async(deps: GatewayDeps, session: Session | None,
             deps.renders.put(key, prompt)
     else:
         prompt, reason = await asyncio.to_thread(_build_prompt, deps, conv, parent, reason, False)
-    return _finish_prepare(deps, req, prompt, parent, reason)
+    return replace(_finish_prepare(deps, req, prompt, parent, reason), link_rule=rule)
 
 
 def _locate(session: Session | None,
@@ -260,6 +263,17 @@ def _locate(session: Session | None,
         return None, None
     located = session.locate(conv)
     return located.parent, located.reason
+
+
+def _locate_linked(session: Session | None, req: CompletionRequest
+                   ) -> tuple[Interaction | None, BranchReason | None, str | None]:
+    """`_locate`, with the request's explicit link signal and the rule that linked a segment."""
+    if session is None:
+        return None, None, None
+    raw = req.metadata.get(REQUEST_LINK_KEY)
+    signal = LinkSignal.from_dict(raw) if isinstance(raw, dict) else None
+    located = session.locate(req.conversation, signal)
+    return located.parent, located.reason, located.link_rule
 
 
 def _build_prompt(deps: GatewayDeps, conv: Conversation, parent: Interaction | None,
@@ -282,9 +296,9 @@ def prepare(deps: GatewayDeps, session: Session | None, req: CompletionRequest) 
     """Build the prompt ids for a call: extend the parent's tokens, or render a new segment."""
     conv = req.conversation
     _check_tool_choice(conv)
-    parent, reason = _locate(session, conv)
+    parent, reason, rule = _locate_linked(session, req)
     prompt, reason = _build_prompt(deps, conv, parent, reason, True)
-    return _finish_prepare(deps, req, prompt, parent, reason)
+    return replace(_finish_prepare(deps, req, prompt, parent, reason), link_rule=rule)
 
 
 def _finish_prepare(deps: GatewayDeps, req: CompletionRequest, prompt: list[int],
@@ -383,6 +397,7 @@ def record(deps: GatewayDeps, session: Session | None, call: PreparedCall, index
         finish_reason=finish,
         metadata=call.request.metadata,
         role=call.request.role,
+        link_rule=call.link_rule,
     )
     session.record(interaction)  # journaled to the durable log before memory changes
     return iid

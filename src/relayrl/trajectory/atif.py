@@ -15,6 +15,10 @@ session becomes one ATIF trajectory, with the tokens kept:
   agent step of the call it branched from references it. In a later trajectory, an assistant
   turn that an earlier one already holds and that no call of this trajectory sampled is marked
   `is_copied_context` (it was trained where it was sampled).
+- A compaction segment's trajectory (`extra.branch_reason: compaction`) marks the steps of its
+  first prompt that were copied from the trajectory it continues (the summary message, the kept
+  messages) `is_copied_context`; the summary itself is an agent step of the continued trajectory
+  with its tokens. A sub-agent's trajectory is referenced from the step that spawned it.
 - The trajectory reward (`final_reward`) is in `final_metrics.extra.reward`; session metadata
   and task id in the root's `extra.relayrl`.
 - Roles (docs/multi-agent.md): a (sub-)trajectory whose calls were made under a role names that
@@ -45,7 +49,8 @@ from relayrl.chat.conversation import Conversation, Message, Tool, ToolCall
 from relayrl.chat.renderer import Renderer
 from relayrl.errors import InvalidRequest
 from relayrl.trajectory.export import TrajectoryRow
-from relayrl.trajectory.records import Interaction, Segment
+from relayrl.trajectory.links import copied_in
+from relayrl.trajectory.records import BranchReason, Interaction, Segment
 from relayrl.trajectory.session import Session
 from relayrl.types import PROMPT_VERSION
 
@@ -61,7 +66,8 @@ def session_to_atif(session: Session, *, agent_name: str = "relayrl-agent",
     if not paths:
         raise ValueError(f"session {session.id} has no recorded calls to export")
     seen: set[bytes] = set()
-    built = [_trajectory(seg, k, path, seen, agent_name, agent_version, model_name)
+    built = [_trajectory(seg, k, path, seen, agent_name, agent_version, model_name,
+                         summary=_summary_call(session, seg))
              for seg, k, path in paths]
     root, subs = built[0], built[1:]
     _link_subagents(built, paths)
@@ -76,9 +82,16 @@ def session_to_atif(session: Session, *, agent_name: str = "relayrl-agent",
     return root
 
 
+def _summary_call(session: Session, seg: Segment) -> Interaction | None:
+    """The call whose summary a compaction segment continues from (its parent), if any."""
+    if seg.reason != BranchReason.COMPACTION or seg.parent_id is None:
+        return None
+    return session.get(seg.parent_id)
+
+
 def _trajectory(seg: Segment, k: int, path: Sequence[Interaction],
                 seen: set[bytes], agent_name: str, agent_version: str,
-                model_name: str | None) -> dict[str, Any]:
+                model_name: str | None, *, summary: Interaction | None = None) -> dict[str, Any]:
     last = path[-1]
     messages = (*last.conversation.messages, last.reply.to_message())
     sampled = {len(c.conversation.messages): c for c in path}
@@ -91,6 +104,11 @@ def _trajectory(seg: Segment, k: int, path: Sequence[Interaction],
             continue
         step = _step(len(steps) + 1, m, call, model_name)
         if m.role == "assistant" and call is None and m.canonical_bytes in copied:
+            step["is_copied_context"] = True
+        elif (summary is not None and m.role != "assistant" and i < len(path[0].conversation.messages)
+              and (m.canonical_bytes in copied or copied_in(summary, m.content))):
+            # after compaction, the continued history (the summary, the kept messages) was
+            # copied from the trajectory it continues: context, trained where it was sampled
             step["is_copied_context"] = True
         steps.append(step)
         seen.add(m.canonical_bytes)
@@ -115,6 +133,8 @@ def _trajectory(seg: Segment, k: int, path: Sequence[Interaction],
         "extra": {"branch_reason": str(seg.reason), "parent_interaction_id": seg.parent_id},
     }
     _name_role(traj, path)
+    if seg.parent_segment_id is not None:
+        traj["extra"].update(parent_segment_id=seg.parent_segment_id, link_rule=seg.link_rule)
     return traj
 
 

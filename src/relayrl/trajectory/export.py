@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from relayrl.chat.parsers import CALL_OPEN
 from relayrl.errors import InvalidRequest, SessionClosed
 from relayrl.trajectory.credit import DEFAULT_CREDIT_RULE, CreditFn, credit_rule, per_role
-from relayrl.trajectory.records import Interaction
+from relayrl.trajectory.records import Interaction, Segment
 from relayrl.trajectory.session import Session, SessionState
 from relayrl.types import PROMPT_VERSION
 
@@ -144,6 +144,7 @@ def export_session(
         made: set[tuple[str, ...]] = set()
         for path in session.segment_paths(seg.id):
             meta = {**base_meta, "branch_reason": str(seg.reason)}
+            meta.update(segment_link_meta(seg))
             # a path whose calls change role makes one row per run of one role: each row trains
             # one role's samples, the other role's tokens before it are context
             for run in role_runs(path):
@@ -168,6 +169,13 @@ def role_runs(path: Sequence[Interaction]) -> list[Sequence[Interaction]]:
 def _with_role(meta: dict[str, Any], call: Interaction) -> dict[str, Any]:
     """`meta` with the row's role (`relayrl.trajectory.roles.ROLE_META`) when its calls have one."""
     return meta if call.role is None else {**meta, "role": call.role}
+
+
+def segment_link_meta(seg: Segment) -> dict[str, Any]:
+    """Row metadata of a linked segment: the segment it continues and the rule that linked it."""
+    if seg.parent_segment_id is None:
+        return {}
+    return {"parent_segment_id": seg.parent_segment_id, "link_rule": seg.link_rule}
 
 
 def _individual_row(

@@ -45,6 +45,12 @@ class BranchReason(StrEnum):
     PROMPT_MISMATCH = "prompt_mismatch"
     """The messages extend a stored call, but the new prompt tokens do not start with that
     call's prompt + output (a renderer that cannot extend, or a template that rewrites history)."""
+    COMPACTION = "compaction"
+    """The messages replace earlier turns with a summary that a stored call wrote: the segment
+    continues the one that call belongs to (the call is its parent; docs/compaction.md)."""
+    SUBAGENT = "subagent"
+    """A sub-agent's conversation, started by a stored call (a Task / spawn_agent tool call, or
+    an explicit signal): that call is its parent (docs/compaction.md)."""
 
 
 class EventKind(StrEnum):
@@ -230,6 +236,11 @@ class Segment:
     """The root's parent call in the session tree (in another segment), if any."""
     interaction_ids: tuple[str, ...]
     """Members in recording order (root first)."""
+    parent_segment_id: str | None = None
+    """The segment of the root's parent call (the segment this one continues or was started
+    from: compaction, sub-agent), if any."""
+    link_rule: str | None = None
+    """For a compaction or sub-agent segment: the rule that linked it (docs/compaction.md)."""
 
 
 def _message_to_dict(m: Message) -> dict[str, Any]:

@@ -40,6 +40,13 @@ from relayrl.errors import (
     SessionClosed,
 )
 from relayrl.trajectory.credit import CallTree
+from relayrl.trajectory.links import (
+    COMPACTION_KEY,
+    LINK_RULE_KEY,
+    LinkSignal,
+    find_link,
+    summary_request,
+)
 from relayrl.trajectory.records import (
     AbortedCall,
     BranchReason,
@@ -126,6 +133,8 @@ class Located:
     new_messages: tuple[Message, ...]
     """Messages after the parent's messages + reply (all messages when there is no parent)."""
     reason: BranchReason | None
+    link_rule: str | None = None
+    """For COMPACTION / SUBAGENT: the rule that linked the new segment (`relayrl.trajectory.links`)."""
 
 
 @dataclass(frozen=True)
@@ -203,8 +212,12 @@ class Session:
 
     # ---- lookup -------------------------------------------------------------------------------
 
-    def locate(self, conv: Conversation) -> Located:
-        """Find the stored call whose messages + reply are the longest prefix of `conv`."""
+    def locate(self, conv: Conversation, signal: LinkSignal | None = None) -> Located:
+        """Find the stored call whose messages + reply are the longest prefix of `conv`.
+
+        A call that extends no stored call is checked for a compaction or sub-agent link
+        (`relayrl.trajectory.links`; `signal` is the request's explicit one, if any).
+        """
         self._require(SessionState.OPEN)
         ctx = context_hash(conv)
         messages = conv.messages
@@ -241,10 +254,11 @@ class Session:
             return Located(self._calls[best], conv.messages[best_k:], None)
         if not self._calls:
             reason = BranchReason.FIRST
-        elif has_assistant:
-            reason = BranchReason.HISTORY_EDITED
         else:
-            reason = BranchReason.NEW_CONVERSATION
+            link = find_link(tuple(self._calls.values()), conv, signal)
+            if link is not None:
+                return Located(link.parent, conv.messages, link.reason, link.rule)
+            reason = BranchReason.HISTORY_EDITED if has_assistant else BranchReason.NEW_CONVERSATION
         return Located(None, conv.messages, reason)
 
     @property
@@ -277,7 +291,10 @@ class Session:
         """Segments in the order they were opened."""
         return tuple(
             Segment(id=sid, reason=s.reason, root_id=s.root_id, parent_id=s.parent_id,
-                    interaction_ids=tuple(s.members))
+                    interaction_ids=tuple(s.members),
+                    parent_segment_id=(None if s.parent_id is None
+                                       else self._calls[s.parent_id].segment_id),
+                    link_rule=self._calls[s.root_id].metadata.get(LINK_RULE_KEY))
             for sid, s in self._segments.items()
         )
 
@@ -341,6 +358,7 @@ class Session:
         finish_reason: str | None = None,
         metadata: dict[str, Any] | None = None,
         role: str | None = None,
+        link_rule: str | None = None,
     ) -> Interaction:
         """Make the record of a finished call (not yet recorded); the segment follows the tokens.
 
@@ -349,7 +367,9 @@ class Session:
         only when `reason` is None and `prompt_ids` really start with the parent's prompt +
         output; otherwise it opens a segment, for `reason`, or PARENT_UNFINISHED /
         PROMPT_MISMATCH as the tokens show. `finish_reason` defaults to the engine's, with
-        `stop` turned into `tool_calls` when the reply holds tool calls.
+        `stop` turned into `tool_calls` when the reply holds tool calls. `link_rule` (from
+        `Located`) is kept in the metadata of a compaction or sub-agent segment's first call, and
+        a summarisation request is marked there too (`relayrl.trajectory.links`).
         """
         prompt = tuple(prompt_ids)
         if parent is not None and reason is None:
@@ -361,6 +381,12 @@ class Session:
         if parent is None and reason is None:
             reason = BranchReason.FIRST if not self._calls else BranchReason.NEW_CONVERSATION
         call_id = id or f"call-{uuid.uuid4().hex}"
+        meta = dict(metadata or {})
+        if link_rule is not None and reason in (BranchReason.COMPACTION, BranchReason.SUBAGENT):
+            meta[LINK_RULE_KEY] = link_rule
+        asked = summary_request(conversation)
+        if asked is not None:
+            meta[COMPACTION_KEY] = asked
         finish = finish_reason or str(output.finish_reason)
         if finish == FinishReason.STOP and reply.tool_calls:
             finish = "tool_calls"
@@ -380,7 +406,7 @@ class Session:
             branch_reason=reason,
             created=self._clock(),
             timings=_timings_dict(output.timings),
-            metadata=dict(metadata or {}),
+            metadata=meta,
             role=role,
         )
 

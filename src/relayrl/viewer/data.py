@@ -225,12 +225,21 @@ def episode_detail(s: Session, decode: Decode) -> dict[str, Any]:
         out_rows.append({
             "segment_id": row.segment_id,
             "branch_reason": row.metadata.get("branch_reason"),
+            "parent_segment_id": row.metadata.get("parent_segment_id"),
+            "link_rule": row.metadata.get("link_rule"),
             "reward": _num(row.reward),
             "tokens": tokens,
             "turns": turns,
         })
     return {"session": session_summary(s), "metadata": _jsonable(s.metadata),
-            "rows": out_rows, "note": note}
+            "rows": out_rows, "note": note, "segments": segment_links(s)}
+
+
+def segment_links(s: Session) -> list[dict[str, Any]]:
+    """The session's segments in opening order, each with the segment and call it continues."""
+    return [{"id": g.id, "reason": str(g.reason), "parent_segment_id": g.parent_segment_id,
+             "parent_call_id": g.parent_id, "link_rule": g.link_rule,
+             "calls": len(g.interaction_ids)} for g in s.segments()]
 
 
 def _jsonable(x: Any) -> Any:

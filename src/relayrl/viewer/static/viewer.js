@@ -83,12 +83,32 @@ function shade(logprob) {
   return `hsl(${Math.round(120 * p)} 60% 80%)`;
 }
 
+function segLink(id) {
+  return el("a", { href: "#seg-" + id, class: "seglink" }, id);
+}
+
+// Segments and what each continues: a compaction's summary call, a sub-agent's spawning call.
+function renderSegments(segments) {
+  const list = el("ul", { class: "segments" });
+  for (const g of segments) {
+    const li = el("li", {}, segLink(g.id), ` · ${g.reason} · ${g.calls} calls`);
+    if (g.parent_segment_id) {
+      li.append(" · continues ", segLink(g.parent_segment_id), ` from call ${g.parent_call_id}`);
+      if (g.link_rule) li.append(` (rule ${g.link_rule})`);
+    }
+    list.append(li);
+  }
+  return list;
+}
+
 function renderRow(row) {
-  const box = el("div", { class: "row" });
+  const box = el("div", { class: "row", id: "seg-" + row.segment_id });
   const trained = row.tokens.filter((t) => t[1]).length;
-  box.append(el("div", { class: "head" },
+  const head = el("div", { class: "head" },
     `segment ${row.segment_id} · opened by ${row.branch_reason || "?"} · reward ${fmt(row.reward)} · ` +
-    `${row.tokens.length} tokens, ${trained} trained`));
+    `${row.tokens.length} tokens, ${trained} trained`);
+  if (row.parent_segment_id) head.append(" · continues ", segLink(row.parent_segment_id));
+  box.append(head);
   const starts = new Map(row.turns.map((t, i) => [t.start, i]));
   const tokens = el("div", { class: "tokens" });
   let version = null;
@@ -132,6 +152,7 @@ async function showEpisode(id) {
   box.replaceChildren();
   if (data.note) box.append(el("p", { class: "note" }, data.note));
   if (!data.rows.length) box.append(el("p", {}, "no recorded calls"));
+  if (data.segments && data.segments.length > 1) box.append(renderSegments(data.segments));
   for (const row of data.rows) box.append(renderRow(row));
 }
 
