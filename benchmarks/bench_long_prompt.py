@@ -122,7 +122,7 @@ async def part_prefill(engine: LocalEngine, sizes: list[int],
 
 async def part_itl(engine: LocalEngine, n: int, metrics: dict[str, Any]) -> list[Row]:
     """A decoding sequence's gaps between tokens before and while an n-token prompt prefills."""
-    tok = engine.tokenizer
+    tok: Any = engine.tokenizer  # a chat template's ids: list[int] here, whatever the stubs allow
     long_ids = prompts(tok, n, 1)[0]
     short = tok.apply_chat_template([{"role": "user", "content": "Count to ten thousand."}],
                                     add_generation_prompt=True, tokenize=True, return_dict=False)
