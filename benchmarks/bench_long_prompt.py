@@ -1,14 +1,16 @@
 """LocalEngine on a coding CLI's long prompts: prefill time, decode stalls, prefix reuse across sessions.
 
-Run by hand:  python benchmarks/bench_long_prompt.py [--model qwen2.5-coder-0.5b-instruct]
+Run by hand:  python -m benchmarks long-prompt [--model qwen2.5-coder-0.5b-instruct]
               [--part prefill itl sessions] [--tokens 4000 16000] [--session-tokens 16000]
+              [--chunk 2048] [--no-write]
 
 Coding CLIs (Codex, Claude Code, Qwen Code, opencode) open every episode with a 9-25k-token
 prompt: their system prompt and tool schemas, then the user's task. The prompt here has that
 shape: a long system prompt of instructions and a list of JSON-schema tools rendered by the
 model's own chat template, then one short user message per session (the text is generated,
 the structure and lengths are a CLI's). Parts, each on one engine (the engine's own thread
-count unless `--threads`; greedy; prefix cache off except in `sessions`):
+count unless `--threads`; greedy; prefix cache off except in `sessions`; `--chunk` is the
+engine's `max_prefill_tokens`):
   - prefill: time to first token of one prompt of each `--tokens` size, alone;
   - itl: a sequence decoding while a `--tokens[-1]`-token prompt arrives: its gaps between
     tokens before and during that prefill, and the long prompt's time to first token;
@@ -16,29 +18,28 @@ count unless `--threads`; greedy; prefix cache off except in `sessions`):
     system prompt and tools, another task: the shared prefix comes from the prefix cache), of
     4 sessions' calls in flight together (prefix cached), and of 4 arriving together right
     after a weight update cleared the cache (one prefills the prefix, the others reuse it).
-Prints a Markdown table with the command, the CPU, its ISA and the load average (the machine
-may be shared: numbers are upper bounds; compare arms run in one session, interleaved).
+Prints a Markdown table and writes it with the command, machine, ISA and load through the
+harness's results writer (benchmarks/results/long-prompt.md and .jsonl). The machine may be
+shared: numbers are upper bounds.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
-import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import time
+from typing import Any
 
-import torch
-
+from benchmarks import harness
 from relayrl.engine.local import LocalEngine
 from relayrl.models import model_path
 from relayrl.types import GenerateRequest, SamplingParams
 
+NAME = "long-prompt"
+PARTS = ("prefill", "itl", "sessions")
 WORDS = [
     "file", "path", "edit", "read", "write", "tool", "call", "command", "shell", "test", "build",
     "run", "patch", "diff", "repository", "branch", "commit", "user", "task", "answer", "output",
@@ -46,36 +47,24 @@ WORDS = [
     "workspace", "permission", "sandbox", "approval", "review", "change", "plan", "step",
     "result", "check",
 ]
-
-
-def isa() -> str:
-    """The CPU's matrix and vector units that decide the engine's dtype and kernels."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read().split("flags", 2)[1].split("\n", 1)[0].split()
-    except (OSError, IndexError):
-        return "unknown ISA"
-    have = [name for flag, name in (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"),
-                                    ("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags]
-    return ", ".join(have) or "no AVX2"
-
-
-def cpu() -> str:
-    """CPU model and core count."""
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        name = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines()
-                    if "Model name" in line)
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        name = "unknown CPU"
-    return f"{name}, {os.cpu_count()} cores, torch {torch.__version__}"
+Row = tuple[str, str]
+"""(measurement, figure) as the table prints them."""
 
 
 def sentence(rnd: random.Random, n: int) -> str:
+    """n random words from WORDS, as a sentence."""
     return " ".join(rnd.choice(WORDS) for _ in range(n)).capitalize() + "."
 
 
-def cli_prefix(tokenizer, tokens: int) -> tuple[list[dict], list[dict]]:
+def render(tokenizer: Any, system: str, tools: list[dict[str, Any]], user: str) -> list[int]:
+    """The prompt ids of a system prompt, tools and one user turn, in the model's chat template."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                        tokenize=True, return_dict=False)
+    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+
+def cli_prefix(tokenizer: Any, tokens: int) -> tuple[str, list[dict[str, Any]]]:
     """A system prompt and tool list that render to about `tokens` tokens with a user turn."""
     rnd = random.Random(0)
     tools = []
@@ -85,32 +74,27 @@ def cli_prefix(tokenizer, tokens: int) -> tuple[list[dict], list[dict]]:
         tools.append({"type": "function", "function": {
             "name": f"tool_{i}_{rnd.choice(WORDS)}", "description": sentence(rnd, 60),
             "parameters": {"type": "object", "properties": props, "required": ["arg_0"]}}})
+    tools = tools[: max(1, min(24, tokens // 700))]
     paragraphs: list[str] = []
     while True:
         system = "\n\n".join(paragraphs)
-        n = len(render(tokenizer, system, tools[: max(1, min(24, tokens // 700))], "x"))
+        n = len(render(tokenizer, system, tools, "x"))
         if n >= tokens - 50:
-            return [{"role": "system", "content": system}], tools[: max(1, min(24, tokens // 700))]
+            return system, tools
         paragraphs.append(f"## Rule {len(paragraphs) + 1}\n" + " ".join(
             sentence(rnd, 20) for _ in range(max(1, min(8, (tokens - n) // 30)))))
 
 
-def render(tokenizer, system: str, tools: list[dict], user: str) -> list[int]:
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                        tokenize=True, return_dict=False)
-    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
-
-
-def prompts(tokenizer, tokens: int, sessions: int) -> list[list[int]]:
+def prompts(tokenizer: Any, tokens: int, sessions: int) -> list[list[int]]:
     """`sessions` prompts sharing a ~`tokens`-token CLI prefix, each with its own task."""
     system, tools = cli_prefix(tokenizer, tokens)
-    return [render(tokenizer, system[0]["content"], tools,
+    return [render(tokenizer, system, tools,
                    f"Task {k}: in the repository, fix the failing test number {k * 37 % 101} "
                    f"and explain the change in one sentence.") for k in range(sessions)]
 
 
 def request(ids: list[int], new: int) -> GenerateRequest:
+    """A greedy request for `new` tokens."""
     return GenerateRequest(prompt_ids=ids, params=SamplingParams(max_new_tokens=new,
                                                                  temperature=0))
 
@@ -119,22 +103,26 @@ async def ttft(engine: LocalEngine, ids: list[int], new: int = 4) -> float:
     """Seconds from submission to the first token."""
     start = time.perf_counter()
     async for _ in engine.stream(request(ids, new)):
-        first = time.perf_counter() - start
-        break
-    return first
+        return time.perf_counter() - start
+    raise RuntimeError("the engine answered with no token")
 
 
-async def part_prefill(engine: LocalEngine, tok, sizes: list[int]) -> list[tuple[str, str]]:
+async def part_prefill(engine: LocalEngine, sizes: list[int],
+                       metrics: dict[str, Any]) -> list[Row]:
+    """Time to first token of one prompt of each size, alone."""
     rows = []
     for n in sizes:
-        ids = prompts(tok, n, 1)[0]
+        ids = prompts(engine.tokenizer, n, 1)[0]
         t = await ttft(engine, ids)
+        metrics.setdefault("prefill", []).append({"prompt_tokens": len(ids), "ttft_s": t})
         rows.append((f"prefill, {len(ids)}-token prompt, alone: time to first token",
                      f"{t:.1f} s ({len(ids) / t:.0f} prompt tokens/s)"))
     return rows
 
 
-async def part_itl(engine: LocalEngine, tok, n: int) -> list[tuple[str, str]]:
+async def part_itl(engine: LocalEngine, n: int, metrics: dict[str, Any]) -> list[Row]:
+    """A decoding sequence's gaps between tokens before and while an n-token prompt prefills."""
+    tok: Any = engine.tokenizer  # a chat template's ids: list[int] here, whatever the stubs allow
     long_ids = prompts(tok, n, 1)[0]
     short = tok.apply_chat_template([{"role": "user", "content": "Count to ten thousand."}],
                                     add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -149,6 +137,9 @@ async def part_itl(engine: LocalEngine, tok, n: int) -> list[tuple[str, str]]:
 
     task = asyncio.ensure_future(decode())
     while len(stamps) < 12:
+        if task.done():  # ended (context full) or failed: report that, never wait forever
+            task.result()
+            raise RuntimeError(f"the decoding sequence ended after {len(stamps)} tokens")
         await asyncio.sleep(0.01)
     submitted = time.perf_counter()
     t = await ttft(engine, long_ids)
@@ -159,17 +150,22 @@ async def part_itl(engine: LocalEngine, tok, n: int) -> list[tuple[str, str]]:
     # every gap that overlaps the prefill, the one it ends with included
     during = [b - a for a, b in itertools.pairwise(stamps) if b > submitted and a < arrived]
     tokens_during = sum(submitted < s <= arrived for s in stamps)
+    longest = max(during, default=t)
+    metrics["itl"] = {"prompt_tokens": len(long_ids), "median_gap_before_s":
+                      statistics.median(gaps_before), "longest_gap_during_s": longest,
+                      "tokens_during": tokens_during, "ttft_s": t}
     return [
         ("decoding sequence, gap between tokens before the long prompt (median)",
          f"{statistics.median(gaps_before) * 1e3:.0f} ms"),
         (f"the same while a {len(long_ids)}-token prompt is prefilled: longest gap / tokens "
-         "emitted meanwhile", f"{max(during, default=t):.1f} s / {tokens_during}"),
+         "emitted meanwhile", f"{longest:.1f} s / {tokens_during}"),
         (f"that {len(long_ids)}-token prompt's time to first token", f"{t:.1f} s"),
     ]
 
 
-async def part_sessions(engine: LocalEngine, tok, n: int) -> list[tuple[str, str]]:
-    ids = prompts(tok, n, 10)
+async def part_sessions(engine: LocalEngine, n: int, metrics: dict[str, Any]) -> list[Row]:
+    """Time to first token of sessions sharing an n-token prefix: cold, cached, after an update."""
+    ids = prompts(engine.tokenizer, n, 10)
     first = await ttft(engine, ids[0])
     later = await ttft(engine, ids[1])
     group = await asyncio.gather(*(ttft(engine, p) for p in ids[2:6]))
@@ -178,6 +174,11 @@ async def part_sessions(engine: LocalEngine, tok, n: int) -> list[tuple[str, str
     cold = await asyncio.gather(*(ttft(engine, p) for p in ids[6:10]))
     stats = engine.prefix_stats
     reuse = f"{stats.reused_tokens} of {stats.prompt_tokens}" if stats else "off"
+    metrics["sessions"] = {
+        "prompt_tokens": len(ids[0]), "first_s": first, "later_s": later,
+        "group_cached_s": list(group), "group_after_update_s": list(cold),
+        "reused_tokens": stats.reused_tokens if stats else 0,
+        "prompt_tokens_all": stats.prompt_tokens if stats else 0}
     return [
         (f"first call, {len(ids[0])}-token prompt, nothing cached", f"{first:.1f} s"),
         ("a later session's first call (shared system prompt + tools cached)", f"{later:.2f} s"),
@@ -189,49 +190,57 @@ async def part_sessions(engine: LocalEngine, tok, n: int) -> list[tuple[str, str
     ]
 
 
-async def run(args: argparse.Namespace) -> list[tuple[str, str]]:
-    rows: list[tuple[str, str]] = []
+async def measure(args: Any, metrics: dict[str, Any]) -> list[Row]:
+    """Each `--part` on an engine of its own; the table's rows."""
+    rows: list[Row] = []
     path = model_path(args.model)
     for part in args.part:
         engine = LocalEngine(path, num_threads=args.threads, max_context=args.context,
                              max_prefill_tokens=args.chunk,
                              prefix_cache_mb=args.prefix_cache_mb if part == "sessions" else 0)
-        tok = engine.tokenizer
         try:
             if part == "prefill":
-                rows += await part_prefill(engine, tok, args.tokens)
+                rows += await part_prefill(engine, args.tokens, metrics)
             elif part == "itl":
-                rows += await part_itl(engine, tok, args.tokens[-1])
+                rows += await part_itl(engine, args.tokens[-1], metrics)
             else:
-                rows += await part_sessions(engine, tok, args.session_tokens)
+                rows += await part_sessions(engine, args.session_tokens, metrics)
         finally:
             await engine.aclose()
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        print(f"{part}: {rows[-1][0]}: {rows[-1][1]}", file=sys.stderr, flush=True)
     return rows
 
 
-def main() -> None:
-    """Measure and print the table."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
-    p.add_argument("--part", nargs="+", default=["prefill", "itl", "sessions"],
-                   choices=["prefill", "itl", "sessions"])
-    p.add_argument("--tokens", type=int, nargs="+", default=[4000, 16000])
-    p.add_argument("--session-tokens", type=int, default=16000)
-    p.add_argument("--threads", type=int, default=None, help="engine threads (default: its own)")
-    p.add_argument("--chunk", type=int, default=2048, help="LocalEngine max_prefill_tokens")
-    p.add_argument("--context", type=int, default=32768)
-    p.add_argument("--prefix-cache-mb", type=int, default=512)
-    args = p.parse_args()
-    load = os.getloadavg()[0]
+def main(argv: list[str] | None = None) -> None:
+    """Measure each part and report the table."""
+    ap = harness.parser(NAME, __doc__)
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--part", nargs="+", default=list(PARTS), choices=PARTS)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[4000, 16000],
+                    help="prompt sizes of `prefill`; the last is `itl`'s long prompt")
+    ap.add_argument("--session-tokens", type=int, default=16000,
+                    help="the shared prefix of `sessions`' prompts")
+    ap.add_argument("--threads", type=int, default=None, help="engine threads (default: its own)")
+    ap.add_argument("--chunk", type=int, default=2048, help="LocalEngine max_prefill_tokens")
+    ap.add_argument("--context", type=int, default=32768)
+    ap.add_argument("--prefix-cache-mb", type=int, default=512)
+    args = ap.parse_args(argv)
+    if args.smoke:  # a few hundred tokens, chunked in 128s, on the two-layer stand-in
+        args.model, args.tokens, args.session_tokens = harness.smoke_model(), [300], 300
+        args.chunk, args.context, args.prefix_cache_mb = 128, 4096, 16
+    run = harness.Run.start(NAME, args, argv)
+    metrics: dict[str, Any] = {"model": args.model, "chunk": args.chunk}
     started = time.perf_counter()
-    rows = asyncio.run(run(args))
-    print(f"Command: `python benchmarks/{os.path.basename(__file__)} {' '.join(sys.argv[1:])}`  ")
-    print(f"Machine: {cpu()}; ISA: {isa()}; load average {load:.2f} before, "
-          f"{os.getloadavg()[0]:.2f} after; {time.perf_counter() - started:.0f} s in all\n")
-    print("| measurement | figure |\n| --- | --- |")
+    rows = asyncio.run(measure(args, metrics))
+    metrics["wall_s"] = time.perf_counter() - started
+    run.say(f"`{args.model}`, `max_prefill_tokens` {args.chunk}, "
+            f"{metrics['wall_s']:.0f} s in all, load average before / after {run.load()}.")
+    run.say()
+    run.say("| measurement | figure |")
+    run.say("| --- | --- |")
     for name, value in rows:
-        print(f"| {name} | {value} |")
+        run.say(f"| {name} | {value} |")
+    run.finish(metrics=metrics)
 
 
 if __name__ == "__main__":

