@@ -135,6 +135,7 @@ class _Deadline:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        # a mixin: the uvicorn protocol after it in the MRO has connection_lost
         super().connection_lost(exc)  # type: ignore[misc]
 
     def _arm(self, seconds: float) -> None:
@@ -161,6 +162,7 @@ def _timed_h11_protocol(header_timeout_s: float, body_timeout_s: float) -> type[
 
     class TimedH11Protocol(_Deadline, H11Protocol):
 
+        # narrows BaseTransport to Transport, as uvicorn's own connection_made does
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm(header_timeout_s)
@@ -256,8 +258,10 @@ def _timed_httptools_protocol(header_timeout_s: float,
     class TimedHttpToolsProtocol(_Deadline, HttpToolsProtocol):
         _phase = "idle"  # idle (between requests), head, body, done (answering)
 
+        # narrows BaseTransport to Transport, as uvicorn's own connection_made does
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             coalescing = _CoalescingTransport(transport, self.loop)
+            # a wrapper with every Transport method uvicorn's protocol calls, not a subclass
             super().connection_made(coalescing)  # type: ignore[arg-type]
             self._arm(header_timeout_s)  # a connection that never sends a byte
 
@@ -313,7 +317,8 @@ def server_config(app: Any, host: str, port: int, *, header_timeout_s: float = 1
     return uvicorn.Config(
         app, host=host, port=port, log_level="warning", access_log=False,
         loop=loop_name(), http=timed_protocol(header_timeout_s, body_timeout_s),
-        timeout_keep_alive=keep_alive_timeout_s,  # type: ignore[arg-type]  # float is fine
+        # uvicorn annotates an int; it only hands the value to loop.call_later, which takes floats
+        timeout_keep_alive=keep_alive_timeout_s,  # type: ignore[arg-type]
     )
 
 

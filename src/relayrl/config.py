@@ -25,7 +25,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import yaml
 
@@ -114,8 +114,17 @@ _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 # PyYAML follows YAML 1.1, which reads `1e-6` (no dot) as a string: accept such text for floats.
 
 
-def config_from_args(argv: Sequence[str] | None = None, cls: type[T] = RelayConfig,  # type: ignore[assignment]
-                     prog: str | None = None) -> T:
+@overload
+def config_from_args(argv: Sequence[str] | None = None, *,
+                     prog: str | None = None) -> RelayConfig: ...
+@overload
+def config_from_args(argv: Sequence[str] | None, cls: type[T],
+                     prog: str | None = None) -> T: ...
+@overload
+def config_from_args(argv: Sequence[str] | None = None, *, cls: type[T],
+                     prog: str | None = None) -> T: ...
+def config_from_args(argv: Sequence[str] | None = None, cls: type[Any] = RelayConfig,
+                     prog: str | None = None) -> Any:
     """The config a script's command line names: `--config FILE` (optional) and `key=value`s.
 
     For scripts run as `python train.py --config cfg.yaml rollout.group_size=4`; `argv`
@@ -493,7 +502,7 @@ def _type_name(tp: Any) -> str:
         return "None"
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return "one of " + ", ".join(repr(m.value) for m in tp)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return f"a mapping ({tp.__name__})"
     return getattr(tp, "__name__", str(tp))
 

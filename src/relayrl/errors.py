@@ -33,6 +33,8 @@ class InvalidRequest(RelayError, ValueError):
 
     status_code = 400
     error_type = "invalid_request_error"
+    param: str | None = None
+    """The offending field, when one is (OpenAI's `error.param`); set on the instance."""
 
 
 class ContextLengthExceeded(InvalidRequest):

@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ctypes import _NamedFuncPointer  # what CDLL's attributes are, in the type stubs only
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
@@ -25,7 +29,7 @@ _INT_MAX = 2**31 - 1
 _kept = False
 
 
-def _libc_function(name: str) -> Callable[..., int] | None:
+def _libc_function(name: str) -> _NamedFuncPointer | None:
     try:
         return getattr(ctypes.CDLL(None), name)
     except (AttributeError, OSError):
@@ -55,7 +59,7 @@ def kept() -> bool:
     return _kept
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
+def _malloc_trim() -> _NamedFuncPointer | None:
     trim = _libc_function("malloc_trim")
     if trim is not None:
         trim.argtypes = [ctypes.c_size_t]
@@ -63,5 +67,5 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return trim
 
 
-MALLOC_TRIM = _malloc_trim()
+MALLOC_TRIM: Callable[[int], int] | None = _malloc_trim()
 """glibc's `malloc_trim` (hands free heap pages back to the system), or None without glibc."""

@@ -261,7 +261,9 @@ def _gguf_parsed_once() -> Iterator[None]:
     time, so patching the module reaches it (were that to change, a conversion would only be
     slower again). A reader is only read from, and a map only looked up.
     """
-    import gguf as gguf_module
+    import gguf
+
+    gguf_module: Any = gguf  # a namespace whose class and function we swap for wrappers
 
     real_reader, real_map = gguf_module.GGUFReader, gguf_module.get_tensor_name_map
     readers: dict[tuple[str, str], Any] = {}

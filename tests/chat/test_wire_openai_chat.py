@@ -291,7 +291,8 @@ def test_unservable_request_is_a_400_naming_the_field(patch: dict[str, Any], par
 
 
 @pytest.mark.parametrize("raw", [{}, {"messages": "hi"}, {"messages": [{"role": "robot"}]},
-                                 {"messages": USER, "n": "many"}])
+                                 {"messages": USER, "n": "many"},
+                                 {"messages": [{"role": ["user"], "content": "hi"}]}])
 def test_malformed_body_is_a_400_not_a_validation_traceback(raw: dict[str, Any]) -> None:
     with pytest.raises(InvalidRequest):
         wire.parse_body(raw)

@@ -352,9 +352,10 @@ class StreamEncoder:
 
     def start(self, prompt_tokens: int = 0) -> list[str]:
         """`message_start` (with the prompt's token count) and a `ping`."""
-        message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
-                   "content": [], "stop_reason": None, "stop_sequence": None,
-                   "usage": usage(prompt_tokens, 0)}
+        message: dict[str, Any] = {
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": usage(prompt_tokens, 0)}
         return [self._event("message_start", message=message), *self.keepalive()]
 
     def delta(self, index: int, d: ReplyDelta | None,
@@ -434,6 +435,7 @@ class StreamEncoder:
             return []
         call, self._call = ToolCall(*self._call), None
         inp = tool_input(call)
+        start: dict[str, Any]
         if inp is None:
             start = {"type": "text", "text": ""}
             delta = {"type": "text_delta", "text": broken_call_text(call)}
@@ -446,6 +448,7 @@ class StreamEncoder:
 
 
 __all__ = [
+    "ID_PREFIX",
     "StreamEncoder",
     "broken_call_text",
     "content_blocks",

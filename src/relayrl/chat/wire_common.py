@@ -55,7 +55,7 @@ _UNHONOURED_EXTENSIONS: dict[str, Any] = {
 def invalid(message: str, param: str | None = None) -> InvalidRequest:
     """An `InvalidRequest` carrying the offending field in `.param` (OpenAI's `error.param`)."""
     exc = InvalidRequest(message)
-    exc.param = param  # type: ignore[attr-defined]  # kept in __dict__, so it still pickles
+    exc.param = param  # kept in __dict__, so it still pickles
     return exc
 
 

@@ -147,7 +147,9 @@ def _plain_turns(raw: Any) -> list[Message | None] | None:
     for m in msgs:
         turn = None
         if type(m) is dict and len(m) == 2:
-            role, content = _PLAIN_ROLES.get(m.get("role")), m.get("content")  # type: ignore[arg-type]
+            raw_role, content = m.get("role"), m.get("content")
+            # any JSON value: a list or object role is no key (pydantic names the error)
+            role = _PLAIN_ROLES.get(raw_role) if type(raw_role) is str else None
             if role is not None and type(content) is str and len(content) <= INTERN_CHARS:
                 turn = _plain_message(role, content)
                 found = True
@@ -536,6 +538,7 @@ def _tool_call_delta(d: ToolCallDelta) -> dict[str, Any]:
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "FINISH_REASONS",
+    "ID_PREFIX",
     "MAX_N",
     "REASONING_FIELD",
     "StreamEncoder",

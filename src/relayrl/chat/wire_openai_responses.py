@@ -212,8 +212,8 @@ def _messages(body: ResponsesRequest) -> tuple[tuple[Message, ...], list[str]]:
             turn.content.append(_text(item.content, where))
         elif isinstance(item, MessageItem):
             flush()
-            role = "user" if item.role == "user" else "system"
-            out.append(Message(role=role, content=_text(item.content, where)))
+            out.append(Message(role="user" if item.role == "user" else "system",
+                               content=_text(item.content, where)))
         elif isinstance(item, FunctionCallItem):
             call = (namespaced_call(item.call_id, item.namespace, item.name, item.arguments)
                     if item.namespace else
@@ -494,7 +494,7 @@ class StreamEncoder:
         item.text += text
         kind = ("response.reasoning_text.delta" if item.kind == "reasoning"
                 else "response.output_text.delta")
-        extra = {"logprobs": []} if item.kind == "message" else {}
+        extra: dict[str, Any] = {"logprobs": []} if item.kind == "message" else {}
         return self._event(kind, item_id=item.id, output_index=item.index, content_index=0,
                            delta=text, **extra)
 
@@ -566,6 +566,7 @@ class StreamEncoder:
 
 
 __all__ = [
+    "ID_PREFIX",
     "STATUSES",
     "StreamEncoder",
     "error_body",

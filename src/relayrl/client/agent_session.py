@@ -401,7 +401,7 @@ def _done(value: Any) -> Awaitable[Any]:
     try:
         future = asyncio.get_running_loop().create_future()
     except RuntimeError:  # not in a loop (set_reward before the block): nothing to await
-        return None  # type: ignore[return-value]
+        return None  # type: ignore[return-value]  # typed for the usual in-loop call
     future.set_result(value)
     return future
 

@@ -96,11 +96,10 @@ _REPLY_PREFIXES = ("chatcmpl-", "resp_", "msg_")
 """What each wire puts before the call id in its reply ids (the gateway's wires say the same)."""
 
 
-def _call_id(key: object) -> object:
-    if isinstance(key, str):
-        for prefix in _REPLY_PREFIXES:
-            if key.startswith(prefix):
-                return key[len(prefix):]
+def _call_id(key: str) -> str:
+    for prefix in _REPLY_PREFIXES:
+        if key.startswith(prefix):
+            return key[len(prefix):]
     return key
 
 
@@ -108,15 +107,15 @@ class Interactions(dict[str, TrajectoryRow]):
     """Exported rows keyed by interaction id; a reply's own id (`response.id`, with its wire's
     prefix) finds its row too."""
 
-    def __getitem__(self, key: object) -> TrajectoryRow:
-        return super().__getitem__(_call_id(key))  # type: ignore[arg-type]
+    def __getitem__(self, key: str) -> TrajectoryRow:
+        return super().__getitem__(_call_id(key))
 
     def __contains__(self, key: object) -> bool:
-        return super().__contains__(_call_id(key))
+        return super().__contains__(_call_id(key) if isinstance(key, str) else key)
 
-    def get(self, key: object, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Any:
         """The row of `key` (an interaction or reply id), else `default`."""
-        return super().get(_call_id(key), default)  # type: ignore[arg-type]
+        return super().get(_call_id(key), default)
 
     def __await__(self) -> Generator[Any, None, Interactions]:
         """Already here: awaiting gives the same dict (for code that awaits the export)."""

@@ -89,7 +89,7 @@ async def run_async(op: Operation[T], http: httpx.AsyncClient, root: str) -> T:
         try:
             step = op.send(reply)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            return done.value
         if isinstance(step, Wait):
             await asyncio.sleep(step.seconds)
             reply = None
@@ -104,7 +104,7 @@ def run_sync(op: Operation[T], http: httpx.Client, root: str) -> T:
         try:
             step = op.send(reply)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            return done.value
         if isinstance(step, Wait):
             time.sleep(step.seconds)
             reply = None
@@ -131,7 +131,7 @@ def _answer(resp: httpx.Response | None) -> dict[str, Any]:
     assert resp is not None  # a Call is always answered
     if resp.status_code >= 400:
         raise error_from(resp)
-    return resp.json()  # type: ignore[no-any-return]
+    return resp.json()
 
 
 # ---- the operations ----------------------------------------------------------------------------

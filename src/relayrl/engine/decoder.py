@@ -85,6 +85,12 @@ class _Product:
             weight = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_HINT)
         self.weight = weight
 
+    def kernel_tensor(self) -> torch.Tensor:
+        """The weight in the kernel's layout, which `rebuild` made (the product has `for_kernel`)."""
+        if self.kernel_weight is None:
+            raise RuntimeError("this product keeps no weight for a step kernel")
+        return self.kernel_weight
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
@@ -111,8 +117,10 @@ class LeanDecoder:
         attention: DecodeAttention | None = None,
         step_kernel: DecodeStep | None = None,
     ) -> None:
-        config = model.config
-        inner = model.model
+        # transformers' config and decoder stack: their attributes depend on the architecture
+        # (checked in `build`), which nn.Module's __getattr__ types as Tensor | Module
+        config: Any = model.config
+        inner: Any = model.model
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
         attn0 = inner.layers[0].self_attn
@@ -120,10 +128,11 @@ class LeanDecoder:
         self.scaling = float(attn0.scaling)
         self.intermediate = int(config.intermediate_size)
         self.eps = float(inner.norm.variance_epsilon)
-        self.dtype = inner.embed_tokens.weight.dtype
-        self.embed = inner.embed_tokens.weight
-        self.final_norm = inner.norm.weight
-        self.lm_head = _Product([model.lm_head.weight], [model.lm_head.bias], packed)
+        self.dtype: torch.dtype = inner.embed_tokens.weight.dtype
+        self.embed: torch.Tensor = inner.embed_tokens.weight
+        self.final_norm: torch.Tensor = inner.norm.weight
+        head: Any = model.lm_head
+        self.lm_head = _Product([head.weight], [head.bias], packed)
         self.layers: list[_Layer] = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
@@ -211,7 +220,7 @@ class LeanDecoder:
             if self.step_kernel is not None:
                 self._table = self.step_kernel.layers([
                     StepLayer(x.norm_in.detach(), x.norm_post.detach(), *(
-                        p.kernel_weight for p in (x.qkv, x.o, x.gate_up, x.down)))
+                        p.kernel_tensor() for p in (x.qkv, x.o, x.gate_up, x.down)))
                     for x in self.layers
                 ])
             self._seen = seen
@@ -243,7 +252,7 @@ class LeanDecoder:
         if self.step_kernel is not None:
             return self.step_kernel(
                 self._table, caches, ids_B, cols_B, self.embed, self.final_norm,
-                self.lm_head.kernel_weight, self._cos, self._sin, self.heads, self.kv_heads,
+                self.lm_head.kernel_tensor(), self._cos, self._sin, self.heads, self.kv_heads,
                 self.intermediate, self.eps, self.scaling, torch.get_num_threads())
         batch = ids_B.shape[0]
         heads, kv, dim = self.heads, self.kv_heads, self.head_dim
@@ -252,7 +261,8 @@ class LeanDecoder:
         sin = self._sin[cols_B][:, None, :]
         rows_B = torch.arange(batch, device=ids_B.device)
         mask = None
-        lengths_B = cols_B + 1 if self.attention is not None else None
+        attention = self.attention
+        lengths_B = cols_B + 1 if attention is not None else None
         if mask_B_V is not None and lengths_B is None:
             # Additive, made once: SDPA would turn a boolean mask into this in every layer.
             mask = torch.zeros(mask_B_V.shape, dtype=self.dtype, device=mask_B_V.device)
@@ -268,8 +278,8 @@ class LeanDecoder:
             else:
                 cache[rows_B, :, cols_B] = qkv[:, heads:]
             q = qkv[:, :heads].reshape(batch, kv, heads // kv, dim)
-            if lengths_B is not None:
-                attn = self.attention(q, cache, lengths_B, self.scaling)
+            if attention is not None and lengths_B is not None:
+                attn = attention(q, cache, lengths_B, self.scaling)
             else:
                 attn = F.scaled_dot_product_attention(
                     q,
@@ -402,8 +412,10 @@ def _rope_tables(model: torch.nn.Module, dtype: torch.dtype) -> tuple[torch.Tens
     rotate_half is cat(-x2, x1), roll is cat(x2, x1), and the sign moves onto the first half of
     sin (the table is cat(f, f), so both halves hold the same values).
     """
-    rotary = model.model.rotary_emb
-    length = int(model.config.max_position_embeddings)
+    inner: Any = model.model  # transformers' decoder stack (see LeanDecoder.__init__)
+    rotary = inner.rotary_emb
+    config: Any = model.config
+    length = int(config.max_position_embeddings)
     positions = torch.arange(length, dtype=torch.float32)
     inv_freq = rotary.inv_freq.to(torch.float32).cpu()
     freqs = positions[:, None] * inv_freq[None, :]
@@ -413,5 +425,5 @@ def _rope_tables(model: torch.nn.Module, dtype: torch.dtype) -> tuple[torch.Tens
     sin = (emb.sin() * scale).to(dtype)
     half = sin.shape[-1] // 2
     sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-    device = model.model.embed_tokens.weight.device
+    device = inner.embed_tokens.weight.device
     return cos.to(device), sin.to(device)

@@ -181,7 +181,8 @@ class LocalEngine:
             )
         except (OSError, ValueError) as e:
             raise ModelError(f"cannot load a causal LM from {model_path!r}: {e}") from e
-        self.model.to(self.device).eval()
+        # transformers wraps `to` with functools.wraps(nn.Module.to), which hides its parameters
+        self.model.to(self.device).eval()  # type: ignore[arg-type]
         self.packed_linears = pack_linears(self.model)
         on_cpu = self.device.type == "cpu"
         kernel = decode_attention_kernel() if on_cpu else None
@@ -346,15 +347,19 @@ class LocalEngine:
                 with self._wakeup:
                     self._wakeup.notify()
 
+    def _decode_all(self, ids: list[int]) -> str:
+        """Text of `ids`, special tokens included (what stop strings are matched against)."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        assert isinstance(text, str)  # one sequence of ids decodes to one string
+        return text
+
     def _new_sequence(self, request: GenerateRequest) -> SequenceState:
         p = request.params
         prompt = list(request.prompt_ids)
         generator = torch.Generator().manual_seed(p.seed) if p.seed is not None else None
         matcher = None
         if p.stop:
-            matcher = StopStringMatcher(
-                p.stop, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)
-            )
+            matcher = StopStringMatcher(p.stop, self._decode_all)
         return SequenceState(
             prompt=prompt,
             row=RowParams(p.temperature, p.top_p, p.top_k, p.top_logprobs, generator),
@@ -597,12 +602,13 @@ class LocalEngine:
     def _prefill_reused(self, seqs: list[SequenceState], width: int) -> None:
         """Copy each sequence's cached prefix into its row, then prefill the rest of its prompt."""
         first = len(self._rows)
+        # `_admit` passes only sequences whose reuse it looked up (`reuse` is set)
         starts = [s.reuse[1] for s in seqs]  # type: ignore[index]
         lengths = [len(s.prompt) - n for s, n in zip(seqs, starts, strict=True)]
         visible = max(len(s.prompt) for s in seqs)  # columns attention reads in this pass
         self._cache.reserve(first + len(seqs), visible + 1)
         for i, s in enumerate(seqs):
-            entry = s.reuse[0]  # type: ignore[index]
+            entry = s.reuse[0]  # type: ignore[index]  # set, as above
             assert entry is not None
             self._cache.load_row(first + i, entry.kv, starts[i])
         if self.lean_prefill:

@@ -133,10 +133,11 @@ def _put_all(chunks: list[tuple[SequenceState, TokenChunk]]) -> None:
 
 def join_chunks(items: list[TokenChunk | BaseException]) -> TokenChunk:
     """Merge chunks that queued up while the consumer was busy; raise an engine failure."""
+    chunks: list[TokenChunk] = []
     for item in items:
         if isinstance(item, BaseException):
             raise item
-    chunks: list[TokenChunk] = items  # type: ignore[assignment]
+        chunks.append(item)
     if len(chunks) == 1:
         return chunks[0]
     last = chunks[-1]

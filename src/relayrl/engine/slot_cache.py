@@ -55,6 +55,12 @@ class _SlotLayer(CacheLayerMixin):
         self.both: torch.Tensor | None = None
         """[rows, 2 * kv_heads, columns, head_dim]: `keys` and `values` are its two halves."""
 
+    def buffer(self) -> torch.Tensor:
+        """`both`, which a prefill allocated (a cache read before any prefill is a bug)."""
+        if self.both is None:
+            raise RuntimeError("this cache layer holds no buffer yet: nothing was prefilled")
+        return self.both
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Allocate (or grow) the buffers to the plan's capacity, keeping what they hold."""
         _, heads, _, dim = key_states.shape
@@ -156,7 +162,10 @@ class SlotKVCache(Cache):
     def plan_extend(self, first: int, starts: list[int], lengths: list[int], width: int) -> None:
         """Next pass prefills, into rows first.., `lengths[i]` tokens (left-padded to `width`)
         after the `starts[i]` columns each row already holds; attention reads all of them."""
-        rows, cols, in_rows, in_cols = [], [], [], []
+        rows: list[int] = []
+        cols: list[int] = []
+        in_rows: list[int] = []
+        in_cols: list[int] = []
         for i, (start, length) in enumerate(zip(starts, lengths, strict=True)):
             pad = width - length
             rows += [first + i] * length
@@ -184,8 +193,7 @@ class SlotKVCache(Cache):
 
     def save_row(self, row: int, columns: int) -> torch.Tensor:
         """A copy of row `row`'s first `columns` of KV, as `load_row` takes it."""
-        return torch.stack([layer.both[row, :, :columns] for layer in self._slots  # type: ignore[index]
-                            ])
+        return torch.stack([layer.buffer()[row, :, :columns] for layer in self._slots])
 
     def plan_decode(self, write_cols_B: torch.Tensor, visible: int) -> None:
         """Next pass decodes one token per row, written at `write_cols_B`."""
@@ -214,7 +222,7 @@ class SlotKVCache(Cache):
             assert layer.keys is not None and layer.values is not None  # a prefill made them
             if layer.keys.shape[0] < plan.rows_cap or layer.keys.shape[2] < plan.cols_cap:
                 layer.lazy_initialization(layer.keys, layer.values)
-        return [x.both for x in self._slots]  # type: ignore[misc]
+        return [x.buffer() for x in self._slots]
 
     def clear(self) -> None:
         """Free every buffer (the batch is empty)."""

@@ -37,9 +37,12 @@ import threading
 import time
 import typing
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relayrl.errors import ConfigError, EpisodeFailed
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 PIP_INSTALL = "pip install 'openenv>=0.10,<0.11' openai"
 """What to run when OpenEnv (or the OpenAI SDK the policy is asked through) is missing."""
@@ -82,7 +85,7 @@ def load_environment(path: str) -> type:
     return found
 
 
-def step_types(env_cls: type) -> tuple[type, type]:
+def step_types(env_cls: type[Any]) -> tuple[type, type]:
     """(action class, observation class) from the type hints of `env_cls.step`."""
     from openenv.core.env_server.types import Action, Observation
 
@@ -110,7 +113,6 @@ class EnvironmentServer:
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                                 **uvicorn_options())
         self.server = uvicorn.Server(config)
-        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._thread: threading.Thread | None = None
 
     @property
@@ -266,7 +268,7 @@ class OpenEnvAgent:
         reset_kwargs = dict(data.get("reset") or {})
         if data.get("seed") is not None:
             reset_kwargs.setdefault("seed", int(data["seed"]))
-        messages: list[dict[str, str]] = []
+        messages: list[ChatCompletionMessageParam] = []
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})
         rewards: dict[str, float] = {}

@@ -33,11 +33,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relayrl.errors import ConfigError, InvalidRequest
 from relayrl.workflow import AsyncRewardWrapper
 from relayrl.workflow.context import get as current_context
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 PIP_INSTALL = "pip install 'reasoning-gym>=0.1.19,<0.2'"
 """What to run when reasoning-gym is missing (also in `pip install 'relayrl[reasoning-gym]'`)."""
@@ -263,9 +266,10 @@ class ReasoningGymAgent:
         # subprocess mode pickles the agent: each worker regenerates its own datasets
         return {**self.__dict__, "_datasets": {}, "_curricula": {}}
 
-    def messages(self, question: str) -> list[dict[str, str]]:
+    def messages(self, question: str) -> list[ChatCompletionMessageParam]:
         """The chat the policy sees: reasoning-gym's system prompt, then the question."""
-        chat = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        chat: list[ChatCompletionMessageParam] = (
+            [{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
         return [*chat, {"role": "user", "content": question}]
 
     def question(self, data: Mapping[str, Any]) -> Question:
@@ -338,7 +342,7 @@ class ReasoningGymAgent:
             http_client=extra_kwargs.get("http_client"), max_retries=0)
         try:
             completion = await client.chat.completions.create(
-                model=self.model, messages=self.messages(q.entry["question"]),  # type: ignore[arg-type]
+                model=self.model, messages=self.messages(q.entry["question"]),
                 max_tokens=self.max_tokens, temperature=self.temperature)
         finally:
             if extra_kwargs.get("http_client") is None:

@@ -206,8 +206,10 @@ class TextArenaWorkflow(RolloutWorkflow):
         c = self.config
         session = await open_episode_session(self.client, ctx, c.capacity_wait_s,
                                              c.capacity_poll_s, extra)
+        # openai>=3 annotates http_client as an httpx2 client and takes an httpx one as well
         llm = AsyncOpenAI(base_url=session.base_url, api_key=session.api_key,
-                          http_client=self.http_client, max_retries=0)
+                          http_client=self.http_client,  # type: ignore[arg-type]
+                          max_retries=0)
         return _Seat(role, session, llm)
 
     async def _play(self, env: Any, seats: dict[int, _Seat]) -> None:

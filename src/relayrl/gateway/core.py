@@ -24,9 +24,10 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Hashable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from relayrl.chat.completion import Choice, Completion, CompletionRequest, ReplyFinish, TokenLogprob
 from relayrl.chat.conversation import Conversation, ParsedReply, ReplyDelta
@@ -90,7 +91,7 @@ class RenderCache:
         head = last_assistant_turn(conv)
         head_key: Hashable = None
         if head >= HEAD_MIN_MESSAGES:
-            head_key = ("head", key[0][:head], key[1], key[2])  # type: ignore[index]
+            head_key = ("head", key[0][:head], key[1], key[2])
             head_ids = self._ids.get(head_key)
             if head_ids is not None:
                 fresh = renderer.render_after_head(head_ids, conv, head)
@@ -151,7 +152,11 @@ def last_assistant_turn(conv: Conversation) -> int:
     return 0
 
 
-def render_key(conv: Conversation) -> Hashable:
+RenderKey = tuple[tuple[tuple[Any, ...], ...], tuple[tuple[str, str, str], ...], str]
+"""`render_key`'s value: the messages' verbatim keys, the tools, the template kwargs."""
+
+
+def render_key(conv: Conversation) -> RenderKey:
     """Everything a chat template reads from `conv`, verbatim, as a hashable value."""
     messages = tuple([m.verbatim_key for m in conv.messages])
     # json without sort_keys: key order and 1 vs 1.0 vs true reach the template, so they count
@@ -248,10 +253,11 @@ async def prepare_async(deps: GatewayDeps, session: Session | None,
     parent, reason, rule = _locate_linked(session, req)
     if (parent is None or reason is not None) and deps.renderer.deterministic:
         key = render_key(conv)  # a GRPO group sends a long prompt many times: render it once
-        prompt = deps.renders.get(key)
-        if prompt is None:
-            prompt = await asyncio.to_thread(deps.renderer.render, conv)
-            deps.renders.put(key, prompt)
+        rendered = deps.renders.get(key)
+        if rendered is None:
+            rendered = await asyncio.to_thread(deps.renderer.render, conv)
+            deps.renders.put(key, rendered)
+        prompt = rendered
     else:
         prompt, reason = await asyncio.to_thread(_build_prompt, deps, conv, parent, reason, False)
     return replace(_finish_prepare(deps, req, prompt, parent, reason), link_rule=rule)
@@ -570,7 +576,7 @@ def _joined(run: list[TokenChunk]) -> TokenChunk:
 
 async def complete_stream_batches(
     deps: GatewayDeps, session: Session | None, call: PreparedCall
-) -> AsyncIterator[list[StreamEvent]]:
+) -> AsyncGenerator[list[StreamEvent], None]:
     """Serve a streamed call as batches: every event the engine has made ready, in order.
 
     A batch is what a route can send in one write: when the engine hands over several chunks

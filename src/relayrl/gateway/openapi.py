@@ -130,9 +130,9 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     for path, item in paths.items():
         for method, op in item.items():
             bare = path.removeprefix(SESSION_PREFIX)
-            model = RL_BODIES.get(bare)
-            if method == "post" and model is not None and "requestBody" not in op:
-                op["requestBody"] = _body(refs[model.__name__], False)
+            rl_body = RL_BODIES.get(bare)
+            if method == "post" and rl_body is not None and "requestBody" not in op:
+                op["requestBody"] = _body(refs[rl_body.__name__], False)
             params = op.setdefault("parameters", [])
             have = {(p.get("in"), p.get("name")) for p in params}
             for name in _PATH_PARAM.findall(path):
@@ -157,6 +157,7 @@ def install(app: FastAPI) -> None:
             app.openapi_schema = build_openapi(app)
         return app.openapi_schema
 
+    # FastAPI's documented way to serve a custom document: replace the app's method
     app.openapi = openapi  # type: ignore[method-assign]
 
 

@@ -64,11 +64,11 @@ def from_body(body: Any) -> CallbackFields | None:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "body"
         exc = InvalidRequest(f"{where}: {err['msg']}")
-        exc.param = where  # type: ignore[attr-defined]
+        exc.param = where
         raise exc from None
     if f.response_mask is not None and any(v not in (0, 1) for v in f.response_mask):
         exc = InvalidRequest("response_mask holds only 0 (token not sampled) and 1")
-        exc.param = "response_mask"  # type: ignore[attr-defined]
+        exc.param = "response_mask"
         raise exc
     if f.rollout_id is None and "response_mask" not in body and not f.return_token_ids:
         return None
@@ -82,7 +82,7 @@ def check_request(fields: CallbackFields, session: Session | None, stream: bool)
                              "with the callback_api_key (a session key) or a session's base URL")
     if stream and (fields.mask_sent or fields.rollout_id is not None):
         exc = InvalidRequest("remote rollout callbacks are not streamed: send stream=false")
-        exc.param = "stream"  # type: ignore[attr-defined]
+        exc.param = "stream"
         raise exc
 
 

@@ -22,7 +22,7 @@ import shlex
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, overload
 
 from relayrl.errors import InvalidRequest
 
@@ -149,6 +149,10 @@ def _table(config: dict[str, Any], key: str, root: Path) -> dict[str, Any]:
     return value
 
 
+@overload
+def _seconds(value: Any, what: str, root: Path, default: float) -> float: ...
+@overload
+def _seconds(value: Any, what: str, root: Path, default: None) -> float | None: ...
 def _seconds(value: Any, what: str, root: Path, default: float | None) -> float | None:
     if value is None:
         return default

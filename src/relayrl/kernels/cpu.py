@@ -515,7 +515,9 @@ def decode_attention_kernel() -> DecodeAttention | None:
         if "decode_attention" not in _loaded:
             library = _load("decode_attention")
             _loaded["decode_attention"] = DecodeAttention(library) if library else None
-        return _loaded["decode_attention"]  # type: ignore[return-value]
+        kernel = _loaded["decode_attention"]
+    assert kernel is None or isinstance(kernel, DecodeAttention)  # what this key holds
+    return kernel
 
 
 def decode_step_kernel(dtype: torch.dtype = torch.bfloat16) -> DecodeStep | None:
@@ -530,7 +532,9 @@ def decode_step_kernel(dtype: torch.dtype = torch.bfloat16) -> DecodeStep | None
         if source not in _loaded:
             library = _load(source, ("-fopenmp",))
             _loaded[source] = DecodeStep(library, dtype) if library else None
-        return _loaded[source]  # type: ignore[return-value]
+        step = _loaded[source]
+    assert step is None or isinstance(step, DecodeStep)
+    return step
 
 
 def train_kernels() -> TrainKernels | None:
@@ -540,4 +544,6 @@ def train_kernels() -> TrainKernels | None:
         if "train_kernels" not in _loaded:
             library = _load("train_kernels", ("-fopenmp",))
             _loaded["train_kernels"] = TrainKernels(library) if library else None
-        return _loaded["train_kernels"]  # type: ignore[return-value]
+        kernels = _loaded["train_kernels"]
+    assert kernels is None or isinstance(kernels, TrainKernels)
+    return kernels

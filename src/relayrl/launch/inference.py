@@ -6,8 +6,9 @@ A launcher-level helper: it builds an engine. Imports: chat, engine, train (chec
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
-from relayrl.chat.conversation import Conversation, Message
+from relayrl.chat.conversation import Conversation, Message, Role
 from relayrl.chat.parsers import parse_reply
 from relayrl.chat.renderer import Renderer
 from relayrl.engine.local import LocalEngine
@@ -53,7 +54,7 @@ class TrainedPolicy:
         """The reply to chat `messages` (or one user prompt); tool calls shown as text."""
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
-        conv = Conversation(tuple(Message(role=m["role"], content=m["content"])
+        conv = Conversation(tuple(Message(role=_role(m["role"]), content=m["content"])
                                   for m in messages))
         ids = self.renderer.render(conv)
         out = await self.engine.generate(GenerateRequest(ids, SamplingParams(
@@ -82,3 +83,11 @@ async def answer(checkpoint: str, prompt: str, max_tokens: int = 256,
         {"role": "user", "content": prompt}]
     async with TrainedPolicy(checkpoint) as policy:
         return await policy.generate(messages, max_tokens=max_tokens)
+
+
+def _role(value: str) -> Role:
+    """`value` as a chat role; a ValueError naming the roles otherwise."""
+    for role in get_args(Role):
+        if value == role:
+            return role
+    raise ValueError(f"unknown role {value!r}: one of {', '.join(get_args(Role))}")

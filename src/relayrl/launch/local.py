@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from relayrl.client import RunEngine, SessionClient
 from relayrl.config import RelayConfig
@@ -51,7 +51,25 @@ def build_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None, group_
                             agent_config=agent_config)
 
 
-async def start_engine(cfg: RelayConfig, actor: Actor) -> tuple[InferenceEngine, Any]:
+class EngineWeights(Protocol):
+    """What `start_engine` reads of an actor: the model's directory, and its weights once
+    trained (version > 0)."""
+
+    @property
+    def version(self) -> int:
+        """How many updates the weights have had; 0: the files in `model_dir` as they are."""
+        ...
+
+    def model_dir(self) -> str:
+        """The model's directory."""
+        ...
+
+    def state_dict_for_engine(self) -> Mapping[str, Any]:
+        """The current weights, as an engine's `update_weights` takes them."""
+        ...
+
+
+async def start_engine(cfg: RelayConfig, actor: EngineWeights) -> tuple[InferenceEngine, Any]:
     """The engine `cfg.engine` names, serving the actor's weights; and a managed server to stop.
 
     A remote engine (vLLM, SGLang) must serve the same model: the actor's directory. With

@@ -75,6 +75,10 @@ class _ModelAt:
         """The model's directory."""
         return self.path
 
+    def state_dict_for_engine(self) -> dict[str, Any]:
+        """Never read: at version 0 the engine serves the directory's weights."""
+        raise RuntimeError("this process holds only the model's files, no trained weights")
+
 
 class GatewayEngineHost:
     """The body of the Ray actor that serves the policy: an engine and a gateway on loopback."""

@@ -10,6 +10,7 @@ import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 DEFAULT_TOKENIZER = "smollm2-135m-instruct"
@@ -86,7 +87,7 @@ class ServerConfig:
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> ServerConfig:
         """Settings from environment variables, then `overrides` (flags) on top."""
         e = os.environ if env is None else env
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}  # field name -> value, converted for that field
         for env_name, name, conv in _ENV:
             raw = e.get(env_name)
             if raw is not None and raw != "":
@@ -95,7 +96,7 @@ class ServerConfig:
                 except ValueError as err:
                     raise ValueError(f"{env_name}={raw!r}: {err}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values)
 
 
 def is_loopback(host: str) -> bool:

@@ -115,7 +115,7 @@ class TransformersTokenizer:
                             add_generation_prompt: bool = True) -> list[int]:
         """Token ids from `AutoTokenizer.apply_chat_template`."""
         out = self._tok.apply_chat_template(template_messages(messages),
-                                            tools=list(tools) if tools else None,
+                                            tools=[dict(t) for t in tools] if tools else None,
                                             add_generation_prompt=add_generation_prompt,
                                             tokenize=True)
         ids = out["input_ids"] if isinstance(out, Mapping) else out

@@ -204,7 +204,8 @@ class RemoteRolloutWorkflow(RolloutWorkflow):
                         data: Mapping[str, Any]) -> RolloutRequest:
         """The `/rollout` body for one episode on `session`."""
         c = self.config
-        return RolloutRequest(
+        # validated as a body, as the constructor would: the messages are still plain dicts
+        return RolloutRequest.model_validate(dict(
             rollout_id=rollout_id, messages=self._messages(data),
             server_url=callback_url(session, c.callback_base_url),
             callback_api_key=session.api_key,
@@ -213,7 +214,7 @@ class RemoteRolloutWorkflow(RolloutWorkflow):
             max_tokens_total=c.max_tokens_total, tokenizer_name=c.tokenizer_name,
             tools=None if c.tools is None else [ToolDefinition.model_validate(t) for t in c.tools],
             metadata={k: v for k, v in data.items() if k not in ("messages", "prompt")
-                      and isinstance(v, str | int | float | bool)})
+                      and isinstance(v, str | int | float | bool)}))
 
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, TrajectoryRow] | None:
         """Run one remote rollout; its rows, or None (no LLM call, or dropped for a mask)."""

@@ -33,7 +33,7 @@ import functools
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.utils.checkpoint
@@ -83,7 +83,8 @@ def load_policy(model_path: str, device: torch.device, attn_implementation: str 
             raise ModelError(f"{model.config.model_type}: {name}={value} post-processes logits, "
                              "which the actor's scoring does not reproduce")
     # Dropout would make the update's logprobs differ from the proximal ones for the same weights.
-    return model.to(device).eval()
+    # transformers wraps `to` with functools.wraps(nn.Module.to), which hides its parameters
+    return model.to(device).eval()  # type: ignore[arg-type]
 
 
 def bf16_copy(model: Any) -> Any:
@@ -130,8 +131,17 @@ def checkpoint_layer(layer: torch.nn.Module) -> None:
     layer.forward = checkpointed
 
 
+class _PrefixCache(Protocol):
+    """What `_prefix_cache_class` makes, as the actor uses it (a transformers DynamicCache)."""
+
+    sealed: bool
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat each row `repeats` times (the prefix's one row for every row of a batch)."""
+
+
 @functools.cache
-def _prefix_cache_class() -> type:
+def _prefix_cache_class() -> type[_PrefixCache]:
     """transformers' DynamicCache, with `update` kept out of `torch.compile` (`train.compile`).
 
     Traced, its `update` makes the compiled layer's guards depend on the layer's index (how
@@ -141,6 +151,7 @@ def _prefix_cache_class() -> type:
     two graphs either side of it.
     """
     from transformers import DynamicCache
+    from transformers.cache_utils import CacheLayerMixin
 
     class PrefixCache(DynamicCache):
         sealed = False
@@ -154,6 +165,8 @@ def _prefix_cache_class() -> type:
             if not self.sealed:
                 return super().update(key_states, value_states, layer_idx, *args, **kwargs)
             past = self.layers[layer_idx]
+            if not isinstance(past, CacheLayerMixin) or past.keys is None or past.values is None:
+                raise RuntimeError(f"the prefix cache holds no keys for layer {layer_idx}")
             return (torch.cat([past.keys, key_states], dim=-2),
                     torch.cat([past.values, value_states], dim=-2))
 

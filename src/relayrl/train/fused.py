@@ -134,6 +134,7 @@ def rotary(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(q, k, cos, sin, *args, **kwargs)
         return _Rotary.apply(q, cos, sin, kernels), _Rotary.apply(k, cos, sin, kernels)
 
+    # a mark on the function object, read back with getattr (a second patch keeps the first)
     apply_rotary_pos_emb.relayrl_fused = True  # type: ignore[attr-defined]
     return apply_rotary_pos_emb
 
@@ -170,7 +171,8 @@ def fuse(model: torch.nn.Module) -> int:
     for module in model.modules():
         name = type(module).__name__
         if name in ATTENTION_CLASSES:
-            modeling = sys.modules[type(module).__module__]
+            # transformers' modeling module, whose rotary function is replaced by name
+            modeling: Any = sys.modules[type(module).__module__]
             if callable(getattr(modeling, "apply_rotary_pos_emb", None)):
                 modeling.apply_rotary_pos_emb = rotary(modeling.apply_rotary_pos_emb)
         elif name in NORM_CLASSES and hasattr(module, "variance_epsilon"):

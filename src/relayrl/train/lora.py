@@ -35,7 +35,9 @@ def _lora_config(rank: int, alpha: float, targets: str | tuple[str, ...],
                  base: str | None = None) -> Any:
     from peft import LoraConfig
 
-    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none",
+    # peft annotates lora_alpha as int; it only ever divides it by r, so a float scales as asked
+    return LoraConfig(r=rank, lora_alpha=alpha,  # type: ignore[arg-type]
+                      lora_dropout=0.0, bias="none",
                       target_modules=targets if isinstance(targets, str) else list(targets),
                       base_model_name_or_path=base, task_type="CAUSAL_LM")
 
@@ -154,7 +156,8 @@ def load_adapter(model: Any, checkpoint: str | Path) -> None:
 
     state = load_file(str(Path(checkpoint) / ADAPTER_DIR / "adapter_model.safetensors"))
     state = {k.removeprefix(_PEFT_PREFIX): v for k, v in state.items()}
-    result = set_peft_model_state_dict(model, state)
+    # torch's (missing_keys, unexpected_keys), which peft annotates as `namedtuple` itself
+    result: Any = set_peft_model_state_dict(model, state)
     missing = [k for k in result.missing_keys if ".lora_" in k]
     if missing or result.unexpected_keys:
         raise ConfigError(f"{checkpoint}: the adapter does not fit this config's adapters "

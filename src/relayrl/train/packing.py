@@ -669,7 +669,12 @@ def _build_unpadded(
             order = {b: k for k, b in enumerate(rows)}
             runs = [(sorted(run, key=order.__getitem__), stem) for run, stem in shared]
             runs += [(sorted(alone, key=order.__getitem__), 0)] if alone else []
-    ids, positions, target_l, source, pieces, stems = [], [], [], [], [], []
+    ids: list[torch.Tensor] = []
+    positions: list[torch.Tensor] = []
+    target_l: list[torch.Tensor] = []
+    source: list[torch.Tensor] = []
+    pieces: list[int] = []
+    stems: list[int] = []
     offset = 0
     for run, stem in runs:  # bounded by the rows of one micro-batch
         parent = -1

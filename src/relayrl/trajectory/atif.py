@@ -202,7 +202,7 @@ def _observe(steps: list[dict[str, Any]], m: Message) -> None:
 
 
 def _link_subagents(built: list[dict[str, Any]],
-                    paths: list[tuple[Segment, int, Sequence[Interaction]]]) -> None:
+                    paths: Sequence[tuple[Segment, int, Sequence[Interaction]]]) -> None:
     """Reference each branched trajectory from the agent step of the call it branched from."""
     for traj, (seg, _, _) in zip(built[1:], paths[1:], strict=True):
         if seg.parent_id is None:

@@ -124,8 +124,9 @@ def outcome(tree: CallTree) -> float:
     """The trajectory's outcome: the final reward, else the last call's own reward, else 0."""
     if tree.final_reward is not None:
         return float(tree.final_reward)
-    if tree.order and tree.rewards.get(tree.order[-1]) is not None:
-        return float(tree.rewards[tree.order[-1]])  # type: ignore[arg-type]
+    last = tree.rewards.get(tree.order[-1]) if tree.order else None
+    if last is not None:
+        return float(last)
     return 0.0
 
 

@@ -31,6 +31,7 @@ from starlette.routing import Route
 
 from relayrl.viewer.data import (
     Decode,
+    LiveSessionSource,
     SessionSource,
     episode_detail,
     list_sessions,
@@ -120,12 +121,13 @@ def create_view_app(
             return _error(404, f"no static file {name!r}")
         return Response(_static(name), media_type=STATIC_FILES[name])
 
-    live = bool(getattr(source, "live", False))
+    live_source = source if isinstance(source, LiveSessionSource) and source.live else None
+    live = live_source is not None
 
     async def all_sessions() -> list[Any]:
         # a live gateway's sessions change on its event loop: never iterate them from a thread
-        if live:
-            return await source.asessions()  # type: ignore[attr-defined]
+        if live_source is not None:
+            return await live_source.asessions()
         return await asyncio.to_thread(source.sessions)
 
     async def api_sessions(request: Request) -> Response:

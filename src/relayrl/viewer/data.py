@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from relayrl.errors import RelayError
 from relayrl.trajectory import InteractionLog, Session, SessionState
@@ -38,6 +38,17 @@ class SessionSource(Protocol):
 
     def sessions(self) -> list[Session]:
         """Every session known now (any state)."""
+        ...
+
+
+@runtime_checkable
+class LiveSessionSource(SessionSource, Protocol):
+    """A source whose sessions change under an event loop (`live`): read them on that loop."""
+
+    live: bool
+
+    async def asessions(self) -> list[Session]:
+        """`sessions`, read on the event loop."""
         ...
 
 

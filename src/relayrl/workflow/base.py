@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from relayrl.errors import InvalidRequest
 from relayrl.trajectory import TrajectoryRow
@@ -40,7 +40,7 @@ class RolloutWorkflow(ABC):
         return {}  # an optional hook: the rollout controller passes these on to the trainer
 
 
-def is_interaction_dict(result: Any) -> bool:
+def is_interaction_dict(result: object) -> TypeGuard[Mapping[str, TrajectoryRow]]:
     """Whether `result` is a non-empty dict of `TrajectoryRow`s."""
     return (isinstance(result, Mapping) and bool(result)
             and all(isinstance(v, TrajectoryRow) for v in result.values()))
@@ -56,7 +56,7 @@ def to_rows(result: EpisodeResult, ctx: EpisodeContext) -> RowBatch | None:
     if result is None or (isinstance(result, Mapping) and not result):
         return None
     if is_interaction_dict(result):
-        rows = list(result.values())  # type: ignore[union-attr]
+        rows = list(result.values())
         return RowBatch(tuple(rows),
                         tuple(_row_label(r, "episode_id", ctx.episode_id) for r in rows),
                         tuple(_group_label(r, ctx.group_id) for r in rows))
@@ -69,10 +69,11 @@ def to_rows(result: EpisodeResult, ctx: EpisodeContext) -> RowBatch | None:
             f"arun_episode returned a {type(result).__name__}; expected a tensor dict, "
             "a dict of TrajectoryRow keyed by interaction id, or None"
         )
-    rows = rows_from_tensor_dict(result, ctx.episode_id, ctx.task_id or None)
+    td: Mapping[str, Any] = result  # a tensor dict: the other shapes were handled above
+    rows = rows_from_tensor_dict(td, ctx.episode_id, ctx.task_id or None)
     n = len(rows)
-    episode_ids = tuple(result.get("episode_ids") or (ctx.episode_id,) * n)
-    group_ids = tuple(result.get("group_ids") or (ctx.group_id,) * n)
+    episode_ids = tuple(td.get("episode_ids") or (ctx.episode_id,) * n)
+    group_ids = tuple(td.get("group_ids") or (ctx.group_id,) * n)
     return RowBatch(tuple(rows), episode_ids, group_ids)
 
 

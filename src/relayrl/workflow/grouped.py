@@ -118,7 +118,7 @@ def label_result(result: EpisodeResult, ctx: EpisodeContext) -> EpisodeResult:
     if result is None or (isinstance(result, Mapping) and not result):
         return result
     if is_interaction_dict(result):
-        return {k: _label_row(row, ctx) for k, row in result.items()}  # type: ignore[union-attr]
+        return {k: _label_row(row, ctx) for k, row in result.items()}
     if isinstance(result, Mapping) and "input_ids" in result:
         validate_tensor_dict(result)
         return with_labels(result, ctx.episode_id, ctx.group_id)
@@ -127,7 +127,8 @@ def label_result(result: EpisodeResult, ctx: EpisodeContext) -> EpisodeResult:
 
 def _label_row(row: TrajectoryRow, ctx: EpisodeContext) -> TrajectoryRow:
     meta = dict(row.metadata)
-    session_meta = meta.get("session") if isinstance(meta.get("session"), Mapping) else {}
+    session = meta.get("session")
+    session_meta: Mapping[str, Any] = session if isinstance(session, Mapping) else {}
     meta.setdefault("episode_id", session_meta.get("episode_id") or ctx.episode_id)
     meta.setdefault("group_id", session_meta.get("group_id") or ctx.group_id)
     return dataclasses.replace(row, metadata=meta)
@@ -141,7 +142,7 @@ def merge_results(results: Sequence[EpisodeResult]) -> EpisodeResult:
     if all(is_interaction_dict(r) for r in valid):
         merged: dict[str, TrajectoryRow] = {}
         for r in valid:
-            for key, row in r.items():  # type: ignore[union-attr]
+            for key, row in r.items():
                 if key in merged:
                     raise InvalidRequest(f"interaction {key!r} appears in two episodes")
                 merged[key] = row
@@ -149,8 +150,8 @@ def merge_results(results: Sequence[EpisodeResult]) -> EpisodeResult:
     if any(is_interaction_dict(r) for r in valid):
         raise InvalidRequest("cannot merge interaction dicts with tensor dicts in one group")
     for r in valid:
-        validate_tensor_dict(r)  # type: ignore[arg-type]
-    return concat_padded(valid)  # type: ignore[arg-type]
+        validate_tensor_dict(r)
+    return concat_padded(valid)
 
 
 class GroupedWorkflow(RolloutWorkflow):

@@ -89,7 +89,12 @@ class _Worker:
         loop = asyncio.get_running_loop()
         ready: asyncio.Future[None] = loop.create_future()
         fd = self.conn.fileno()
-        loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        loop.add_reader(fd, wake)
         try:
             await ready
         finally:

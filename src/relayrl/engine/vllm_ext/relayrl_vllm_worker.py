@@ -17,17 +17,23 @@ keeps the old ones, so every logit and logprob after an update came from the old
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 class RelayrlWorkerExtension:
     """Mixed into vLLM's worker class by `--worker-extension-cls`."""
 
+    if TYPE_CHECKING:  # what the worker class it is mixed into provides
+        model_runner: Any
+
+        def reload_weights(self, weights_path: str) -> None:
+            """vLLM's in-place reload from a checkpoint folder."""
+
     def relayrl_reload_weights(self, weights_path: str) -> int:
         """Reload weights in place from `weights_path`, then repack every CPU kernel still
         derived from a weight tensor; returns how many were repacked."""
-        self.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
-        return repack_cpu_kernels(self.model_runner.get_model())  # type: ignore[attr-defined]
+        self.reload_weights(weights_path=weights_path)
+        return repack_cpu_kernels(self.model_runner.get_model())
 
 
 def repack_cpu_kernels(model: Any) -> int:
