@@ -1,6 +1,6 @@
-"""What training the summary changes: a small measured run of the compacting agent (agent.py).
+"""What training the summary changes: a small measured run of the compacting agent (compacting_agent.py).
 
-1. Episodes of `agent.py` against an in-process gateway serving the default model (LocalEngine,
+1. Episodes of `compacting_agent.py` against an in-process gateway serving the default model (LocalEngine,
    the real tokenizer and weights), grouped by task, each finalized with its reward.
 2. The rows relayrl exports: the first segment ends with the summary call (trained, loss mask 1,
    the episode's reward); the compaction segment holds the answer, the summary in its prompt.
@@ -31,10 +31,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import agent  # noqa: E402
+import compacting_agent as agent  # noqa: E402
 import httpx  # noqa: E402
 import torch  # noqa: E402
-from agent import Episode, Task, run_episode  # noqa: E402
+from compacting_agent import Episode, Task, run_episode  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
 from relayrl.gateway.config import GatewayConfig  # noqa: E402

@@ -1,4 +1,4 @@
-"""examples/compaction/agent.py against a real gateway (HTTP on loopback, the real `openai` client,
+"""examples/compaction/compacting_agent.py against a real gateway (HTTP on loopback, the real `openai` client,
 the real tokenizer, scripted replies): the summary the agent's model writes carries loss and the
 episode's reward, and the summary re-sent in the continuation is prompt only."""
 
@@ -16,7 +16,7 @@ from tests.gateway.conftest import Gateway, fake_gateway
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "compaction"))
 
-from agent import Task, run_episode  # noqa: E402
+from compacting_agent import Task, run_episode  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
 TASK = Task("blue locker", "walnut", ("I had pasta for lunch.",))

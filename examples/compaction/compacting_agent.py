@@ -10,7 +10,7 @@ then records it as a `compaction` segment under the call that wrote the summary,
 with the episode's reward, and treats the summary text re-sent in the continuation as prompt
 (docs/compaction.md). Any agent can do the same; Codex and Claude Code are recognised without it.
 
-    python examples/compaction/agent.py --base-url URL --api-key KEY   # one episode
+    python examples/compaction/compacting_agent.py --base-url URL --api-key KEY   # one episode
 """
 
 from __future__ import annotations
