@@ -132,12 +132,15 @@ async def test_token_delay_paces_the_stream(model_dir: str) -> None:
 
 
 async def test_aclose_aborts_streams_in_flight(model_dir: str) -> None:
+    # the close lands after the second token, whatever the machine's load (no wall-clock race)
     engine = FakeEngine(["a b c d e f g h"], tokenizer_path=model_dir, token_delay_s=0.01)
-    task = asyncio.create_task(engine.generate(request()))
-    await asyncio.sleep(0.025)
-    await engine.aclose()
-    out = await task
-    assert out.finish_reason is FinishReason.ABORT and 0 < len(out.output_ids) < 9
+    chunks = []
+    async for chunk in engine.stream(request()):
+        chunks.append(chunk)
+        if len(chunks) == 2:
+            await engine.aclose()
+    out = GenerateOutput.from_chunks(chunks)
+    assert out.finish_reason is FinishReason.ABORT and 2 <= len(out.output_ids) < 9
     with pytest.raises(EngineError):
         engine.stream(request())
 
