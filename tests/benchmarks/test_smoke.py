@@ -34,10 +34,9 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
-# train-compile's smoke crashes (SIGSEGV / "malloc(): unsorted double linked list corrupted") in
-# the compiled actor's first update, on the stand-in and on the default model alike: a real bug
-# of `train.compile` on bench_train's rows, not yet found. Strict, so the fix makes this fail.
-KNOWN_CRASHES = {"train-compile": "train.compile crashes the process on bench_train's rows"}
+# Benchmarks whose smoke is known to crash the process (name -> the bug), marked strict xfail so
+# that the fix makes the mark fail and be removed. None now.
+KNOWN_CRASHES: dict[str, str] = {}
 
 
 def _param(bench: Benchmark) -> object:

@@ -38,9 +38,10 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -52,6 +53,19 @@ _CSRC = Path(__file__).parent / "csrc"
 _FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c11")
 _lock = threading.Lock()
 _loaded: dict[str, DecodeAttention | DecodeStep | TrainKernels | None] = {}
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def opaque_to_compile(fn: _F) -> _F:
+    """`fn` run as plain Python under `torch.compile` (dynamo steps over it, a graph break).
+
+    A wrapper that hands `t.data_ptr()` to C must not be traced: dynamo keeps only the locals
+    still read after the call, so a buffer allocated here and read by nothing but the kernel
+    (`pack`, `partial`, a `contiguous()` copy) is freed before the kernel reads or writes it: a
+    compiled bf16 update corrupted the heap (tests/train/test_kernels_compiled.py).
+    """
+    return cast(_F, torch.compiler.disable(fn, reason="hands data pointers to a C kernel"))
 
 
 class DecodeAttention:
@@ -147,6 +161,7 @@ class TrainKernels:
                 raise ValueError(f"expected contiguous bf16 CPU tensors, got {t.dtype} "
                                  f"{list(t.shape)} on {t.device}")
 
+    @opaque_to_compile
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(`y`, `r`): Llama's RMSNorm of bf16 `x` `[..., H]` (H a multiple of 16), rounded as
@@ -164,6 +179,7 @@ class TrainKernels:
             raise RuntimeError(f"RMSNorm kernel refused these shapes (code {code})")
         return y, r
 
+    @opaque_to_compile
     def rms_norm_grad(self, grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                       r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(`dx` bf16, `dw` fp32 `[H]`): the RMSNorm's gradients from that of its output."""
@@ -183,6 +199,7 @@ class TrainKernels:
             raise RuntimeError(f"RMSNorm gradient kernel refused these shapes (code {code})")
         return dx, dw
 
+    @opaque_to_compile
     def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         """`silu(gate) * up` of bf16 tensors, rounded as torch's two bf16 ops round it."""
         self._check_bf16(gate, up)
@@ -195,6 +212,7 @@ class TrainKernels:
             raise RuntimeError(f"SwiGLU kernel refused these shapes (code {code})")
         return out
 
+    @opaque_to_compile
     def swiglu_grad(self, grad: torch.Tensor, gate: torch.Tensor,
                     up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(`d_gate`, `d_up`): `swiglu`'s gradients from that of its output, in one pass."""
@@ -219,6 +237,7 @@ class TrainKernels:
                 and cos.shape == sin.shape and cos.stride() == sin.stride()
                 and cos.shape[1:] == x.shape[2:] and cos.shape[0] in (1, x.shape[0]))
 
+    @opaque_to_compile
     def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                backward: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
         """transformers' `x * cos + rotate_half(x) * sin` of bf16 `x` `[B, H, S, D]` (cos and sin
@@ -240,6 +259,7 @@ class TrainKernels:
             raise RuntimeError(f"rotary kernel refused these shapes (code {code})")
         return y
 
+    @opaque_to_compile
     def softmax(self, scores: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """bf16 `softmax(scores + bias, -1)` of fp32 `scores` `[R, heads, L, K]`, fp32 inside,
         in one pass a row (`scores` is overwritten); `bias` `[L, K]` or `[R, 1, L, K]`, 0 or
@@ -259,6 +279,7 @@ class TrainKernels:
             raise RuntimeError(f"softmax kernel refused these shapes (code {code})")
         return p
 
+    @opaque_to_compile
     def softmax_grad(self, d_p: torch.Tensor, p: torch.Tensor, d_out: torch.Tensor,
                      out: torch.Tensor) -> torch.Tensor:
         """bf16 `p * (d_p - rowsum(d_out * out))`: the gradient of the scores from that of the
@@ -289,6 +310,7 @@ class TrainKernels:
                 and a.dim() >= 2 and a.shape[:-2] == w.shape[:-2]
                 and a.shape[-1] == w.shape[-1] and a.shape[-1] % 2 == 0 and a.shape[-1] > 0)
 
+    @opaque_to_compile
     def product(self, a: torch.Tensor, w: torch.Tensor, scale: float = 1.0,
                 threads: int | None = None) -> torch.Tensor:
         """fp32 `[..., M, N]`: `scale * a @ w.transpose(-1, -2)`, sums kept in fp32; an fp32
