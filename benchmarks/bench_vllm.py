@@ -158,6 +158,12 @@ async def run(args: argparse.Namespace) -> tuple[list[Run], str, str]:
         engines["LocalEngine (float32)"] = LocalEngine(
             path, num_threads=args.threads, max_batch_size=max(args.levels), dtype="float32"
         )
+    if args.kernel_only_too and local.lean is not None and local.lean.products_from is not None:
+        # The same engine with every batch in the whole step kernel: the path before the switch.
+        kernel_only = LocalEngine(path, num_threads=args.threads, max_batch_size=max(args.levels))
+        assert kernel_only.lean is not None  # built as `local`'s was
+        kernel_only.lean.products_from = None
+        engines[f"LocalEngine ({dtype}, whole kernel)"] = kernel_only
     server = None
     start, vllm_note = vllm_to_start(args.smoke)
     if start:
@@ -191,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eager", action="store_true", help="vLLM --enforce-eager (faster start)")
     ap.add_argument("--levels", default=",".join(map(str, LEVELS)),
                     help="concurrency levels, comma-separated")
+    ap.add_argument("--kernel-only-too", action="store_true",
+                    help="also LocalEngine with every batch in the whole step kernel (on AMX)")
     ap.add_argument("--fp32-too", action="store_true", help="also LocalEngine in float32")
     args = ap.parse_args(argv)
     args.levels = tuple(int(c) for c in args.levels.split(","))
