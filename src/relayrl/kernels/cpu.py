@@ -377,6 +377,10 @@ class DecodeStep:
         self.dtype = dtype
         """The dtype of the models, caches and logits this kernel takes."""
         self.name = self._kind.name
+        self.pieces: StepPieces | None = (
+            StepPieces(library) if dtype == torch.bfloat16 else None)
+        """The step's code between its products, callable one piece at a time (bf16 only):
+        for a step whose products run in oneDNN (`LeanDecoder`'s dispatch)."""
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """An [N, K] weight laid out as the kernel reads it: [N/16, K/2, 16, 2] in bf16,
@@ -411,19 +415,12 @@ class DecodeStep:
                 setattr(slot, name, tensor.data_ptr())
         return table
 
-    def __call__(self, table: ctypes.Array[_LayerWeights], caches: list[torch.Tensor],
-                 ids_B: torch.Tensor, cols_B: torch.Tensor, embed: torch.Tensor,
-                 final_norm: torch.Tensor, head: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor, heads: int, kv_heads: int, intermediate: int,
-                 eps: float, scale: float, threads: int) -> torch.Tensor:
-        """Logits [B, vocab] in the kernel's dtype; row b's new key/value go to column
-        cols_B[b] of cache row b.
-
-        `caches[i]`: layer i's [rows, 2 * kv_heads, columns, head_dim] (keys, then values),
-        every layer with the same strides; `head` is packed; `cos`/`sin` are [positions, dim].
-        """
+    def check(self, caches: list[torch.Tensor], ids_B: torch.Tensor, cols_B: torch.Tensor,
+              embed: torch.Tensor, final_norm: torch.Tensor, head: torch.Tensor,
+              cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Raise ValueError unless a step (or its pieces) can take these: the C side trusts them."""
         batch = ids_B.shape[0]
-        vocab, hidden = embed.shape
+        vocab = embed.shape[0]
         dim = caches[0].shape[-1]
         first = caches[0]
         if (first.dtype != self.dtype or first.stride(-1) != 1 or first.stride(-2) != dim
@@ -439,6 +436,23 @@ class DecodeStep:
             raise ValueError("rows or columns exceed the cache")
         if int(ids_B.min()) < 0 or int(ids_B.max()) >= vocab:
             raise ValueError(f"token ids must lie in [0, {vocab})")
+
+    def __call__(self, table: ctypes.Array[_LayerWeights], caches: list[torch.Tensor],
+                 ids_B: torch.Tensor, cols_B: torch.Tensor, embed: torch.Tensor,
+                 final_norm: torch.Tensor, head: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, heads: int, kv_heads: int, intermediate: int,
+                 eps: float, scale: float, threads: int) -> torch.Tensor:
+        """Logits [B, vocab] in the kernel's dtype; row b's new key/value go to column
+        cols_B[b] of cache row b.
+
+        `caches[i]`: layer i's [rows, 2 * kv_heads, columns, head_dim] (keys, then values),
+        every layer with the same strides; `head` is packed; `cos`/`sin` are [positions, dim].
+        """
+        batch = ids_B.shape[0]
+        hidden = embed.shape[1]
+        dim = caches[0].shape[-1]
+        first = caches[0]
+        self.check(caches, ids_B, cols_B, embed, final_norm, head, cos, sin)
         for slot, cache in zip(table, caches, strict=True):
             slot.cache = cache.data_ptr()
         ids_B = ids_B.to(torch.int64).contiguous()
@@ -453,6 +467,57 @@ class DecodeStep:
         if code != 0:
             raise RuntimeError(f"decode step kernel refused these shapes (code {code})")
         return logits
+
+
+class StepPieces:
+    """The bf16 step kernel's code between the products (csrc/decode_step.c), one call each:
+    a step that takes its products from elsewhere runs these around them, so it keeps the
+    kernel's numerics everywhere but in the products' order of sums.
+
+    The arguments are trusted (the caller checks shapes once per step, as `DecodeStep.__call__`
+    does): contiguous bf16 CPU tensors of the sizes named.
+    """
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+        def bind(name: str, *argtypes: Any) -> Any:
+            fn = getattr(library, f"relayrl_step_{name}_bf16")
+            fn.argtypes, fn.restype = list(argtypes), ctypes.c_int
+            return fn
+
+        self._add_norm = bind("add_norm", ptr, ptr, ptr, ptr, i64, i64, f32)
+        self._attend = bind("attend", ptr, ptr, ptr, i64, ptr, ptr, *[i64] * 5, f32, ptr,
+                            ctypes.c_int)
+        self._silu_mul = bind("silu_mul", ptr, ptr, i64, i64)
+
+    def add_norm(self, x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor,
+                 out: torch.Tensor, eps: float) -> None:
+        """`out` = RMSNorm(x) [B, H] with `weight`; with `y`, first `x += y` (in bf16)."""
+        batch, hidden = x.shape
+        code = self._add_norm(x.data_ptr(), None if y is None else y.data_ptr(),
+                              weight.data_ptr(), out.data_ptr(), batch, hidden, eps)
+        if code != 0:
+            raise RuntimeError(f"step norm refused these shapes (code {code})")
+
+    def attend(self, qkv: torch.Tensor, cache: torch.Tensor, cols_B: torch.Tensor,
+               cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
+               scale: float, out: torch.Tensor, threads: int) -> None:
+        """Rotary on `qkv` [B, heads + 2 kv, D]'s queries and keys, key and value to column
+        cols_B[b] of `cache` row b, attention over columns 0..cols_B[b] into `out` [B, heads, D]."""
+        batch, dim = qkv.shape[0], cache.shape[-1]
+        code = self._attend(qkv.data_ptr(), cache.data_ptr(), cols_B.data_ptr(), batch,
+                            cos.data_ptr(), sin.data_ptr(), heads, kv_heads, dim,
+                            cache.stride(0), cache.stride(1), scale, out.data_ptr(), threads)
+        if code != 0:
+            raise RuntimeError(f"step attention refused these shapes (code {code})")
+
+    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
+        """`out` [B, I] = silu(gate) * up of `gate_up` [B, 2 I] = [gate | up], rounded as torch."""
+        batch, width = out.shape
+        code = self._silu_mul(gate_up.data_ptr(), out.data_ptr(), batch, width)
+        if code != 0:
+            raise RuntimeError(f"step SwiGLU refused these shapes (code {code})")
 
 
 @dataclass(frozen=True)

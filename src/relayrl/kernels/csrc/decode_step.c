@@ -227,9 +227,63 @@ int relayrl_decode_step_bf16(const layer_weights *layers, int64_t n_layers, cons
     return status;
 }
 
+/* The step's pieces between its products, for a step whose products run elsewhere (oneDNN's
+ * AMX GEMMs at larger batches, engine/decoder.py): the same code in the same order, so only
+ * the products' order of sums differs from `relayrl_decode_step_bf16`. */
+
+/* out = rms_norm(x) with `weight`; with y: x = bf16(x + y) first (the residual add) */
+int relayrl_step_add_norm_bf16(uint16_t *x, const uint16_t *y, const uint16_t *weight,
+                               uint16_t *out, int64_t B, int64_t H, float eps) {
+    if (B < 1 || H % 32) return -1;
+    if (y != NULL) add_into(x, y, B * H);
+    rms_norm(x, weight, out, B, H, eps);
+    return 0;
+}
+
+/* Rotary on the queries and keys of qkv [B, heads + 2 KV, D], each row's key and value to
+ * column cols[b] of cache row b, then attention of row b over columns 0..cols[b] into
+ * attn [B, heads, D]. */
+int relayrl_step_attend_bf16(uint16_t *qkv, uint16_t *cache, const int64_t *cols, int64_t B,
+                             const uint16_t *cos, const uint16_t *sin, int64_t heads,
+                             int64_t KV, int64_t D, int64_t row_stride, int64_t head_stride,
+                             float scale, uint16_t *attn, int threads) {
+    const int64_t G = heads / KV, Q = (heads + 2 * KV) * D;
+    if (B < 1 || KV < 1 || heads % KV || G > MAX_G || D > MAX_D || D % 32 || threads < 1)
+        return -1;
+    int status = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && B > 1) \
+    reduction(min : status)
+    for (int64_t b = 0; b < B; b++) {
+        uint16_t *row = qkv + b * Q;
+        rotary(row, heads + KV, D, cos + cols[b] * D, sin + cols[b] * D);
+        for (int64_t j = 0; j < 2 * KV; j++)
+            memcpy(cache + b * row_stride + j * head_stride + cols[b] * D,
+                   row + (heads + j) * D, (size_t)D * sizeof(uint16_t));
+        const int64_t length = cols[b] + 1;
+        int code = relayrl_decode_attention_bf16(row, cache + b * row_stride,
+                                                 attn + b * heads * D, &length, 1, KV, G, D,
+                                                 row_stride, head_stride, scale);
+        if (code < status) status = code;
+    }
+    return status;
+}
+
+/* act [B, I] = bf16(bf16(silu(gate)) * up) for gu [B, 2 I] = [gate | up] */
+int relayrl_step_silu_mul_bf16(const uint16_t *gu, uint16_t *act, int64_t B, int64_t I) {
+    if (B < 1 || I % 16) return -1;
+    silu_mul(gu, act, B, I);
+    return 0;
+}
+
 #else
 
 int relayrl_decode_step_ready(void) { return 0; }
+
+int relayrl_step_add_norm_bf16(void) { return -3; }
+
+int relayrl_step_attend_bf16(void) { return -3; }
+
+int relayrl_step_silu_mul_bf16(void) { return -3; }
 
 int relayrl_decode_step_bf16(void) { return -3; }
 
