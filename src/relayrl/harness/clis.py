@@ -35,6 +35,8 @@ class LaunchSpec:
     executable: str
     context_window: int
     max_output_tokens: int
+    subagents: bool = False
+    """opencode: switch its `task` tool (sub-agents) on; the other CLIs keep their own default."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ class OpenCode(CLIAdapter):
             "formatter": False,
             "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
             "tools": {"webfetch": False, "websearch": False, "todowrite": False,
-                      "todoread": False, "task": False},
+                      "todoread": False, "task": spec.subagents},
         }
         cfg_dir = spec.home / ".config" / "opencode"
         cfg_dir.mkdir(parents=True, exist_ok=True)
