@@ -134,7 +134,8 @@ class OpenCode(CLIAdapter):
         if spec.system_prompt is not None:  # the build agent's prompt replaces opencode's own
             config["agent"] = {"build": {"prompt": spec.system_prompt}}
         if spec.tools is not None:
-            config["tools"] = {t: t in spec.tools for t in OPENCODE_TOOLS}
+            config["tools"] = {t: t in spec.tools or (t == "task" and spec.subagents)
+                               for t in OPENCODE_TOOLS}
             # a tool is off only when the last permission rule naming it denies it
             edits = ("edit", "write", "patch", "multiedit", "apply_patch")
             config["permission"] = {
