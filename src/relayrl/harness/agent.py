@@ -34,7 +34,9 @@ class CLIAgent:
                  tasks_root: str | None = None, clis_dir: str | None = None,
                  context_window: int = 32768, max_output_tokens: int = 1024,
                  reward_key: str | None = None, keep_sandboxes: bool = False,
-                 tmp_root: str | None = None, docker_network: str = "host") -> None:
+                 tmp_root: str | None = None, docker_network: str = "host",
+                 subagents: bool = False, system_prompt: str | None = None,
+                 tools: list[str] | None = None) -> None:
         self.adapter = get_adapter(cli)
         if runtime not in ("local", "docker"):
             raise ConfigError(f"runtime {runtime!r} is not one of ['local', 'docker']")
@@ -54,6 +56,9 @@ class CLIAgent:
         self.keep_sandboxes = keep_sandboxes
         self.tmp_root = tmp_root
         self.docker_network = docker_network
+        self.subagents = subagents
+        self.system_prompt = system_prompt
+        self.tools = None if tools is None else tuple(tools)
 
     def runtime(self) -> LocalRuntime | DockerRuntime:
         """A runtime of the configured kind (cheap; built per episode so the agent pickles)."""
@@ -89,7 +94,9 @@ class CLIAgent:
                               model=self.model, home=sandbox.home,
                               workdir=runtime.agent_workdir(sandbox), executable=executable,
                               context_window=self.context_window,
-                              max_output_tokens=self.max_output_tokens)
+                              max_output_tokens=self.max_output_tokens,
+                              subagents=self.subagents, system_prompt=self.system_prompt,
+                              tools=self.tools)
             launch = self.adapter.launch(spec)
             limit = self.time_limit(task)
             result = await runtime.run_agent(sandbox, launch.argv, launch.env, limit)

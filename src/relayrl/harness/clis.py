@@ -35,6 +35,12 @@ class LaunchSpec:
     executable: str
     context_window: int
     max_output_tokens: int
+    subagents: bool = False
+    """opencode: switch its `task` tool (sub-agents) on; the other CLIs keep their own default."""
+    system_prompt: str | None = None
+    """Replaces the CLI's own system prompt (through the CLI's own option), when set."""
+    tools: tuple[str, ...] | None = None
+    """The CLI's tools to keep (its own names), when set; every other tool it can drop is off."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,12 @@ class CLIAdapter(ABC):
                           "scripts/install_clis.sh, or pass clis_dir / put it on PATH")
 
 
+OPENCODE_TOOLS = ("bash", "edit", "write", "patch", "multiedit", "apply_patch", "read", "glob",
+                  "grep", "list", "lsp", "skill", "question", "codesearch", "webfetch",
+                  "websearch", "todowrite", "todoread", "task")
+"""opencode's built-in tools (1.18): with `tools` set, each is switched on or off by name."""
+
+
 class OpenCode(CLIAdapter):
     """opencode: Chat Completions through its openai-compatible provider."""
 
@@ -117,8 +129,18 @@ class OpenCode(CLIAdapter):
             "formatter": False,
             "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
             "tools": {"webfetch": False, "websearch": False, "todowrite": False,
-                      "todoread": False, "task": False},
+                      "todoread": False, "task": spec.subagents},
         }
+        if spec.system_prompt is not None:  # the build agent's prompt replaces opencode's own
+            config["agent"] = {"build": {"prompt": spec.system_prompt}}
+        if spec.tools is not None:
+            config["tools"] = {t: t in spec.tools or (t == "task" and spec.subagents)
+                               for t in OPENCODE_TOOLS}
+            # a tool is off only when the last permission rule naming it denies it
+            edits = ("edit", "write", "patch", "multiedit", "apply_patch")
+            config["permission"] = {
+                "edit": "allow" if any(t in spec.tools for t in edits) else "deny",
+                "bash": "allow" if "bash" in spec.tools else "deny", "webfetch": "deny"}
         cfg_dir = spec.home / ".config" / "opencode"
         cfg_dir.mkdir(parents=True, exist_ok=True)
         (cfg_dir / "opencode.json").write_text(json.dumps(config, indent=2))
@@ -141,6 +163,14 @@ class OpenCode(CLIAdapter):
 
 def _toml_str(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+CODEX_FEATURE_TOOLS: dict[str, tuple[str, ...]] = {
+    "multi_agent": ("spawn_agent", "send_input", "resume_agent", "wait_agent", "close_agent"),
+    "goals": ("get_goal", "create_goal", "update_goal"),
+}
+"""Codex's feature flags (`[features]`) and the tools each adds: a flag is turned off when
+`tools` keeps none of them. Codex's shell tools and `request_user_input` have no switch."""
 
 
 class Codex(CLIAdapter):
@@ -184,6 +214,18 @@ class Codex(CLIAdapter):
             "stream_max_retries = 0",
             "",
         ]
+        if spec.system_prompt is not None:
+            instructions = codex_home / "instructions.md"
+            instructions.write_text(spec.system_prompt)
+            # before the first table: the base instructions, and no permissions message either
+            lines[1:1] = [f"model_instructions_file = {_toml_str(str(instructions))}",
+                          "include_permissions_instructions = false"]
+        if spec.tools is not None:
+            lines += ["[features]", *(f"{feature} = false" for feature, tools
+                                      in CODEX_FEATURE_TOOLS.items()
+                                      if not any(t in spec.tools for t in tools)), ""]
+            if "view_image" not in spec.tools:
+                lines += ["[tools]", "view_image = false", ""]
         (codex_home / "config.toml").write_text("\n".join(lines))
         env.update({"CODEX_HOME": str(codex_home), "OPENAI_API_KEY": "", "CODEX_API_KEY": ""})
         argv = [spec.executable, "exec", "--skip-git-repo-check",
@@ -235,7 +277,19 @@ class ClaudeCode(CLIAdapter):
         })
         argv = [spec.executable, "-p", spec.instruction, "--dangerously-skip-permissions",
                 "--model", spec.model, "--output-format", "text"]
+        if spec.system_prompt is not None:
+            argv += ["--system-prompt", spec.system_prompt]
+        if spec.tools is not None:
+            argv += ["--tools", ",".join(spec.tools)]
         return Launch(argv, env)
+
+
+QWEN_TOOLS = ("run_shell_command", "read_file", "write_file", "edit", "glob", "grep_search",
+              "list_directory", "todo_write", "monitor", "agent", "skill", "tool_search",
+              "task_stop", "send_message", "ask_user_question", "exit_plan_mode", "web_fetch",
+              "web_search")
+"""Qwen Code's tools (0.15): with `tools` set, the others are excluded (`core` alone leaves its
+agent, skill and deferred-tool machinery in)."""
 
 
 class QwenCode(CLIAdapter):
@@ -256,7 +310,12 @@ class QwenCode(CLIAdapter):
             "privacy": {"usageStatisticsEnabled": False},
             "telemetry": {"enabled": False},
             "security": {"auth": {"selectedType": "openai"}},
-            "tools": {"exclude": ["web_fetch", "web_search"]},
+            "tools": ({"exclude": ["web_fetch", "web_search"]} if spec.tools is None else
+                      {"core": list(spec.tools),
+                       "exclude": [t for t in QWEN_TOOLS if t not in spec.tools]}),
+            # its memory lives in HOME, which is new each episode: the extraction call after
+            # every turn would be an extra call per episode that nothing rewards
+            "memory": {"enableManagedAutoMemory": False},
             "model": {"name": spec.model},
         }
         (qdir / "settings.json").write_text(json.dumps(settings, indent=2))
@@ -264,6 +323,8 @@ class QwenCode(CLIAdapter):
                     "OPENAI_MODEL": spec.model})
         argv = [spec.executable, "--yolo", "--auth-type", "openai", "--model", spec.model,
                 "-p", spec.instruction]
+        if spec.system_prompt is not None:
+            argv += ["--system-prompt", spec.system_prompt]
         return Launch(argv, env)
 
 

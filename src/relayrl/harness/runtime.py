@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -100,41 +101,60 @@ def _mapped_roots(task: HarborTask, base: Path) -> dict[str, Path]:
     return roots
 
 
+REAPER = Path(__file__).with_name("_reaper.py")
+"""The script each process runs under: its group dies with the process that started it."""
+_NOT_STARTED = 127
+_REAPER_SAYS = b"relayrl reaper: "
+
+
 async def run_process(argv: list[str], *, cwd: Path, env: dict[str, str], timeout_s: float,
                       log_path: Path | None = None) -> ProcResult:
-    """Run `argv` in its own process group; kill the whole group on timeout or cancellation."""
+    """Run `argv` in its own process group, which dies with this process (even on `kill -9`,
+    through `_reaper.py`); kill the whole group when it ends, times out or is cancelled."""
     loop = asyncio.get_running_loop()
     start = loop.time()
-    log = log_path.open("wb") if log_path else None
+    # the output goes to a file, never a pipe: a background job holding a pipe open would keep
+    # the wait (asyncio's waits for the pipes too) going after the command itself ended
+    log = log_path.open("wb") if log_path else tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
+    # this process holds the pipe's only write end: when it dies the kernel closes it and the
+    # reaper, seeing EOF, kills the group (a runner killed outright leaves no CLI behind)
+    watch_r, watch_w = os.pipe()
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=log or asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True)
+            sys.executable, "-I", "-S", str(REAPER), str(watch_r), "--", *argv, cwd=cwd,
+            env=env, stdin=asyncio.subprocess.DEVNULL, stdout=log,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True, pass_fds=(watch_r,))
     except OSError as e:
-        if log:
-            log.close()
+        os.close(watch_w)
+        log.close()
         raise EpisodeFailed(f"cannot start {argv[0]}: {e}") from e
+    finally:
+        os.close(watch_r)
     timed_out = False
     out = b""
     try:
         try:
             async with asyncio.timeout(timeout_s):
-                if log:
-                    await proc.wait()
-                else:
-                    out, _ = await proc.communicate()
+                await proc.wait()
         except TimeoutError:
             timed_out = True
     finally:
-        if proc.returncode is None:
-            _kill_group(proc.pid)
+        running = proc.returncode is None
+        _kill_group(proc.pid)  # also what the command left running in its group
+        os.close(watch_w)
+        if running:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(proc.wait(), 10)
-        if log:
-            log.close()
+        if log_path is None:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - _TAIL * 4))
+            out = log.read()
+        log.close()
     if log_path is not None:
         out = log_path.read_bytes()[-_TAIL * 4:]
+    if proc.returncode == _NOT_STARTED and _REAPER_SAYS in out:
+        raise EpisodeFailed(out[out.rindex(_REAPER_SAYS) + len(_REAPER_SAYS):]
+                            .decode(errors="replace").strip())
     return ProcResult(proc.returncode, timed_out, out.decode(errors="replace")[-_TAIL:],
                       loop.time() - start)
 

@@ -17,8 +17,11 @@ Detection, in order (the first that applies wins; the rule's name is recorded on
 
 1. An explicit signal: the `X-RelayRL-Link` header (`compaction` or `subagent`, optionally
    `; parent=<interaction id>`), the same in the body's `metadata` (`relayrl_link`,
-   `relayrl_link_parent`), or Codex's `x-openai-subagent` header (`collab_spawn` -> sub-agent,
-   `compact` -> compaction). Without a named parent, the session's last recorded call.
+   `relayrl_link_parent`), Codex's `x-openai-subagent` header (`collab_spawn` -> sub-agent,
+   `compact` -> compaction), or opencode's `x-parent-session-id` header (set on every call of a
+   child session, which its `task` tool opens: sub-agent). Without a named parent, the call
+   whose sub-agent tool call holds the new conversation's prompt (rule 3), else the session's
+   last recorded call.
 2. Copied summary: a non-assistant message holds at least half of the substantial lines of the
    reply of a stored call that was a summarisation request (rule `copied_reply`), or of any
    stored call when the message holds a CLI's continuation prefix (rule
@@ -65,6 +68,11 @@ COMPACTION_KEY = "compaction"
 LINK_RULE_KEY = "link_rule"
 """Call metadata key naming the rule that linked a compaction or sub-agent segment."""
 
+OPENCODE_PARENT_HEADER = "x-parent-session-id"
+"""opencode sets this header (the parent session's id) on the calls of a child session: the
+sessions its `task` tool opens for a sub-agent (opencode 1.x `session/llm`; with
+`x-session-affinity` and `X-Session-Id` naming the session itself)."""
+
 _LINK_VALUES = {"compaction": BranchReason.COMPACTION, "subagent": BranchReason.SUBAGENT}
 _CODEX_SUBAGENT_VALUES = {"collab_spawn": BranchReason.SUBAGENT, "compact": BranchReason.COMPACTION}
 
@@ -98,6 +106,7 @@ SUBAGENT_TOOLS: Mapping[str, str] = {
     "Agent": "prompt",  # Claude Code 2.x (`AgentInput` in sdk-tools.d.ts: description, prompt)
     "Task": "prompt",  # Claude Code 1.x named the same tool Task
     "spawn_agent": "message",  # Codex multi-agent (codex-rs tools/handlers/multi_agents.rs)
+    "task": "prompt",  # opencode (`TaskTool`: description, prompt, subagent_type, task_id)
 }
 """Sub-agent tool name -> the argument that becomes the sub-agent's first user message."""
 
@@ -114,7 +123,7 @@ class LinkSignal:
     reason: BranchReason
     parent_id: str | None
     source: str
-    """Where it came from: `header`, `metadata` or `codex_header`."""
+    """Where it came from: `header`, `metadata`, `codex_header` or `opencode_header`."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (kept in the request's metadata)."""
@@ -154,7 +163,7 @@ def _parse_link_value(value: str, source: str) -> LinkSignal:
 
 def signal_from_request(headers: Mapping[str, str],
                         body_metadata: Mapping[str, Any] | None) -> LinkSignal | None:
-    """The explicit link signal of a request (header first, then body metadata, then Codex's)."""
+    """The explicit link signal of a request (header, body metadata, then Codex's, opencode's)."""
     value = headers.get(LINK_HEADER)
     if value:
         return _parse_link_value(value, "header")
@@ -166,6 +175,8 @@ def signal_from_request(headers: Mapping[str, str],
     codex = (headers.get(CODEX_SUBAGENT_HEADER) or "").strip().lower()
     if codex in _CODEX_SUBAGENT_VALUES:
         return LinkSignal(_CODEX_SUBAGENT_VALUES[codex], None, "codex_header")
+    if (headers.get(OPENCODE_PARENT_HEADER) or "").strip():
+        return LinkSignal(BranchReason.SUBAGENT, None, "opencode_header")
     return None
 
 
