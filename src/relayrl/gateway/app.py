@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relayrl import viewer
-from relayrl.asgi import EventStream
+from relayrl.asgi import EventStream, StreamState, watch_disconnect
 from relayrl.chat import wire_openai_chat
 from relayrl.chat.completion import Choice, Completion, CompletionRequest, TokenLogprob
 from relayrl.chat.conversation import (
@@ -200,23 +200,21 @@ async def answer_completion(request: Request, wire: Wire) -> Any:
 
 async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T | None:
     """Await `work`, cancelling it (and so the generation) if the client disconnects first."""
-    task = asyncio.ensure_future(work)
-
-    async def watch() -> None:
-        while not task.done():  # ends with the work: receive() answers http.disconnect then
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                task.cancel()
-                return
-
-    watcher = asyncio.create_task(watch())
+    # `work` runs in this task, and a watcher cancels the task if the client leaves: one task
+    # per call instead of two (`EventStream` watches a stream the same way)
+    current = asyncio.current_task()
+    assert current is not None  # ASGI apps run in a task
+    state = StreamState()
+    watcher = asyncio.create_task(watch_disconnect(request.receive, current, state))
     try:
-        return await task
+        return await work
     except asyncio.CancelledError:
-        if not watcher.done():
+        if not state.client_left:
             raise  # we were cancelled ourselves, not by the client leaving
+        current.uncancel()
         return None
     finally:
+        state.done = True
         watcher.cancel()
 
 
