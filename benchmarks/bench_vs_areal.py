@@ -231,6 +231,17 @@ class Server:
     chat_path: str
     grant_capacity: bool  # AReaL: every session needs a capacity grant first
     sessions: list[str] = field(default_factory=list)
+    pid: int = 0
+    """The server's process, whose CPU time `--cpu` reads (0: not read)."""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used (Linux /proc; 0.0 where unreadable)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def body(messages: list[dict[str, str]], stream: bool = False) -> bytes:
@@ -363,8 +374,8 @@ async def measure(http: Any, srv: Server, row: Row, n: int, per_session: int) ->
         await end_session(http, srv, k)
     if row.kind == "grow":  # calls/s; p50 of the calls at `row.messages`, and of the first calls
         return {"rps": n * GROW_CALLS / wall, "p50": statistics.median(by_length[row.messages]) * 1e3,
-                "p50_first": statistics.median(by_length[2]) * 1e3}
-    return {"rps": n / wall, "p50": statistics.median(times) * 1e3}
+                "p50_first": statistics.median(by_length[2]) * 1e3, "units": n * GROW_CALLS}
+    return {"rps": n / wall, "p50": statistics.median(times) * 1e3, "units": n}
 
 
 async def open_session_no_grant(http: Any, srv: Server) -> str:
@@ -387,15 +398,24 @@ async def run_all(servers: list[Server], rows: list[Row], args: argparse.Namespa
         head = "| row | " + " | ".join(f"{n} /s | {n} p50 ms" for n in names)
         head += " | req/s ratio (per round) | p50 ratio |" if pair else " |"
         head += " ceiling: null/AReaL req/s | relayrl/null req/s |" if ceiling else ""
+        cpu = getattr(args, "cpu", False)
+        head += (" CPU µs a call or episode: " + " / ".join(names) + "; client against each |"
+                 if cpu else "")
         say(head)
-        say("|" + " --- |" * (1 + 2 * len(servers) + 2 * pair + 2 * ceiling))
+        say("|" + " --- |" * (1 + 2 * len(servers) + 2 * pair + 2 * ceiling + cpu))
         for row in rows:
             n = args.episodes if row.kind == "episode" else args.requests
             got: dict[str, list[dict[str, float]]] = {s.name: [] for s in servers}
             for s in servers:  # warm-up: caches, connections, the allocator
                 await measure(http, s, row, max(row.conc, n // 5), args.per_session)
             for _, s in harness.rounds(servers, args.rounds):  # A B C, then C B A
-                got[s.name].append(await measure(http, s, row, n, args.per_session))
+                before, client = cpu_seconds(s.pid) if s.pid else 0.0, time.process_time()
+                m = await measure(http, s, row, n, args.per_session)
+                # CPU time is what a loaded machine does not inflate much: each process's work
+                # per call (or episode), sessions opened and ended around it included
+                m["cpu_us"] = ((cpu_seconds(s.pid) - before) if s.pid else 0.0) / m["units"] * 1e6
+                m["client_us"] = (time.process_time() - client) / m["units"] * 1e6
+                got[s.name].append(m)
             cells = []
             for s in servers:
                 med = {k: statistics.median(x[k] for x in got[s.name]) for k in ("rps", "p50")}
@@ -412,6 +432,11 @@ async def run_all(servers: list[Server], rows: list[Row], args: argparse.Namespa
                 top = statistics.median(z["rps"] / y["rps"] for y, z in zip(b, c, strict=True))
                 share = statistics.median(x["rps"] / z["rps"] for x, z in zip(a, c, strict=True))
                 line += f" {top:.1f}× | {share:.0%} |"
+            if cpu:
+                med_cpu = [statistics.median(x["cpu_us"] for x in got[s.name]) for s in servers]
+                med_cli = [statistics.median(x["client_us"] for x in got[s.name]) for s in servers]
+                line += (f" {' / '.join(f'{c:.0f}' for c in med_cpu)}; client "
+                         f"{' / '.join(f'{c:.0f}' for c in med_cli)} |")
             say(line + ("" if pair else " |"))
             if row.kind == "grow":  # the same episodes' first calls: how latency grows with history
                 for s in servers:
@@ -436,6 +461,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ceiling", action="store_true",
                     help="also measure a server that only answers (needs AReaL's venv)")
     ap.add_argument("--serve-null", metavar="PORT_FILE")
+    ap.add_argument("--cpu", action="store_true",
+                    help="also show each server's and the client's CPU time per call (Linux)")
     args = ap.parse_args(argv)
     if args.serve_null:
         serve_null(args.serve_null)
@@ -464,7 +491,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         p, url = start(harness.child_command(NAME, "--serve-relayrl", model_dir))
         procs.append(p)
-        servers = [Server("relayrl", url, "/v1/chat/completions", grant_capacity=False)]
+        servers = [Server("relayrl", url, "/v1/chat/completions", grant_capacity=False,
+                          pid=p.pid)]
         if venv is not None:
             env = {**os.environ, "AREAL_PROXY_WARN_ONCE": "1", "PYTHONPATH": str(harness.ROOT),
                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -472,11 +500,13 @@ def main(argv: list[str] | None = None) -> None:
             p, url = start(harness.child_command(NAME, "--serve-areal", model_dir,
                                                  python=str(venv / "bin" / "python")), env=env)
             procs.append(p)
-            servers.append(Server("AReaL", url, "/chat/completions", grant_capacity=True))
+            servers.append(Server("AReaL", url, "/chat/completions", grant_capacity=True,
+                                  pid=p.pid))
         if (venv is not None and args.ceiling) or (venv is None and args.smoke):
             p, url = start(harness.child_command(NAME, "--serve-null"))
             procs.append(p)
-            servers.append(Server("null", url, "/v1/chat/completions", grant_capacity=False))
+            servers.append(Server("null", url, "/v1/chat/completions", grant_capacity=False,
+                                  pid=p.pid))
         run.say(f"date {harness.utc_now()}; load average at the start {run.load_before:.2f}")
         _run(run_all(servers, rows, args, run.say))
         run.say(f"load average at the end {harness.load_average():.2f}")

@@ -213,3 +213,25 @@ def test_the_range_check_of_tokenizer_made_prompt_ids_is_skipped_but_not_of_stop
     validate_request(request([]), context_length=1000, vocab_size=100)  # trusted: not scanned
     with pytest.raises(InvalidRequest, match="token id 100 is outside the vocabulary"):
         validate_request(request([3, 100]), context_length=1000, vocab_size=100)
+
+
+@pytest.mark.parametrize("budget", [1, 3, 5, 6, 20])
+@pytest.mark.parametrize("stop_ids", [(), (9,), (4, 2), (7, 7)])
+@pytest.mark.parametrize("reply", [[], [5], [1, 2, 3, 4, 5], [9, 1], [3, 7, 7, 9, 2]])
+async def test_a_plan_without_stop_strings_is_the_token_by_token_plan(
+        reply: list[int], stop_ids: tuple[int, ...], budget: int) -> None:
+    # the one-pass plan (no stop strings) against the loop, which a stop string that never
+    # matches forces: the same tokens, logprobs and finish
+    engine = FakeEngine(lambda r: list(reply), vocab_size=64, eos_token_id=63,
+                        context_length=10 + budget)
+    fast = await engine.generate(request([1] * 10, max_new_tokens=budget,
+                                         stop_token_ids=stop_ids))
+    loop = await engine.generate(request([1] * 10, max_new_tokens=budget,
+                                         stop_token_ids=stop_ids, stop=("never",)))
+    assert (fast.output_ids, fast.logprobs, fast.finish_reason) == (
+        loop.output_ids, loop.logprobs, loop.finish_reason)
+    streamed = [c async for c in engine.stream(request([1] * 10, max_new_tokens=budget,
+                                                       stop_token_ids=stop_ids))]
+    joined = GenerateOutput.from_chunks(streamed)
+    assert (joined.output_ids, joined.logprobs, joined.finish_reason) == (
+        loop.output_ids, loop.logprobs, loop.finish_reason)

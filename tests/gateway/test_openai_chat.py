@@ -242,3 +242,27 @@ def test_malformed_json_and_unknown_routes_are_client_errors(gw: Gateway) -> Non
 def test_models_lists_the_policy(gw: Gateway) -> None:
     s = gw.start_session()
     assert [m.id for m in client_for(gw, s).models.list()] == ["relayrl-test"]
+
+
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_an_answer_is_the_bytes_the_stdlib_encoder_writes(gw: Gateway, logprobs: bool) -> None:
+    # answers without floats are encoded by orjson: the same bytes as json.dumps with
+    # ensure_ascii=False and compact separators, for quotes, escapes, control characters and
+    # text outside ASCII; with logprobs (floats) the stdlib encodes them
+    import httpx
+
+    gw.script.replies += ['Say "hi" \\ back\ttab\nline é 你好 😀 \u2028 \x01 end',
+                          '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": "é"}}\n'
+                          '</tool_call>']
+    s = gw.start_session(task_id="bytes")
+    for _ in range(2):
+        r = httpx.post(gw.url + "/v1/chat/completions", timeout=30,
+                       headers={"authorization": f"Bearer {s['api_key']}"},
+                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                             "logprobs": logprobs, "tools": [ADD_TOOL]})
+        assert r.status_code == 200
+        assert r.headers["content-type"] == "application/json"
+        again = json.dumps(json.loads(r.content), ensure_ascii=False, allow_nan=False,
+                           separators=(",", ":")).encode()
+        assert r.content == again
+        assert int(r.headers["content-length"]) == len(r.content)

@@ -19,12 +19,13 @@ from contextlib import aclosing, asynccontextmanager
 from dataclasses import replace
 from typing import Any, TypeVar
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relayrl import viewer
-from relayrl.asgi import EventStream
+from relayrl.asgi import EventStream, StreamState, watch_disconnect
 from relayrl.chat import wire_openai_chat
 from relayrl.chat.completion import Choice, Completion, CompletionRequest, TokenLogprob
 from relayrl.chat.conversation import (
@@ -118,7 +119,7 @@ async def serve_completion(request: Request, wire: Wire) -> Any:
                 rollout_callback.apply(session, completion, callback, payload)
             if slot is not None:
                 deps.idempotency.fulfil(slot, idempotency.Answer(completion, payload))
-            return JSONResponse(payload)
+            return completion_response(wire, req, payload)
         stream = EventStream(_sse(deps, wire, session, call, slot), media_type="text/event-stream",
                              headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
         slot = None  # the stream owns it now: it fulfils or releases it as it ends
@@ -126,6 +127,19 @@ async def serve_completion(request: Request, wire: Wire) -> Any:
     finally:
         if slot is not None:
             deps.idempotency.release(slot)
+
+
+def completion_response(wire: Wire, req: CompletionRequest, payload: dict[str, Any]) -> Response:
+    """The JSON answer to a non-streamed call, byte for byte what `JSONResponse` sends.
+
+    orjson encodes a short answer in a tenth of the stdlib's time, and writes every string as
+    the stdlib does with `ensure_ascii=False`, but not every float (1e-05 is 0.00001 to it).
+    A Chat Completions answer without logprobs holds no float (ids, text, token counts), so it
+    is encoded by orjson; the rest keep the stdlib's encoding.
+    """
+    if wire is OPENAI_CHAT and not req.logprobs:
+        return Response(orjson.dumps(payload), media_type="application/json")
+    return JSONResponse(payload)
 
 
 def call_role(deps: GatewayDeps, request: Request, session: Session,
@@ -186,23 +200,21 @@ async def answer_completion(request: Request, wire: Wire) -> Any:
 
 async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T | None:
     """Await `work`, cancelling it (and so the generation) if the client disconnects first."""
-    task = asyncio.ensure_future(work)
-
-    async def watch() -> None:
-        while not task.done():  # ends with the work: receive() answers http.disconnect then
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                task.cancel()
-                return
-
-    watcher = asyncio.create_task(watch())
+    # `work` runs in this task, and a watcher cancels the task if the client leaves: one task
+    # per call instead of two (`EventStream` watches a stream the same way)
+    current = asyncio.current_task()
+    assert current is not None  # ASGI apps run in a task
+    state = StreamState()
+    watcher = asyncio.create_task(watch_disconnect(request.receive, current, state))
     try:
-        return await task
+        return await work
     except asyncio.CancelledError:
-        if not watcher.done():
+        if not state.client_left:
             raise  # we were cancelled ourselves, not by the client leaving
+        current.uncancel()
         return None
     finally:
+        state.done = True
         watcher.cancel()
 
 

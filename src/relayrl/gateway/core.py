@@ -185,6 +185,8 @@ class GatewayDeps:
     """The version an external trainer says it pushed to the engine (`/rl/v1/set_version`)."""
     idempotency: IdempotencyCache = field(default_factory=IdempotencyCache)
     """Answers kept for calls retried with an `Idempotency-Key`."""
+    opens_reasoning: dict[tuple[int, ...], bool] = field(default_factory=dict)
+    """Whether a prompt ending (its last 8 ids) opens reasoning (`_opens_reasoning`)."""
 
     @property
     def policy_version(self) -> int:
@@ -260,7 +262,7 @@ async def prepare_async(deps: GatewayDeps, session: Session | None,
         prompt = rendered
     else:
         prompt, reason = await asyncio.to_thread(_build_prompt, deps, conv, parent, reason, False)
-    return replace(_finish_prepare(deps, req, prompt, parent, reason), link_rule=rule)
+    return _finish_prepare(deps, req, prompt, parent, reason, rule)
 
 
 def _locate(session: Session | None,
@@ -304,11 +306,12 @@ def prepare(deps: GatewayDeps, session: Session | None, req: CompletionRequest) 
     _check_tool_choice(conv)
     parent, reason, rule = _locate_linked(session, req)
     prompt, reason = _build_prompt(deps, conv, parent, reason, True)
-    return replace(_finish_prepare(deps, req, prompt, parent, reason), link_rule=rule)
+    return _finish_prepare(deps, req, prompt, parent, reason, rule)
 
 
 def _finish_prepare(deps: GatewayDeps, req: CompletionRequest, prompt: list[int],
-                    parent: Interaction | None, reason: BranchReason | None) -> PreparedCall:
+                    parent: Interaction | None, reason: BranchReason | None,
+                    link_rule: str | None) -> PreparedCall:
     forced = _forced_prefix(req.conversation)
     if forced:
         prompt = prompt + deps.renderer.encode(forced)
@@ -319,9 +322,26 @@ def _finish_prepare(deps: GatewayDeps, req: CompletionRequest, prompt: list[int]
             f"{deps.engine.context_length} tokens"
         )
     max_tokens = min(req.params.max_new_tokens, room)
-    opens = prompt_opens_reasoning(deps.renderer.decode(prompt[-8:]))
+    opens = _opens_reasoning(deps, prompt)
     ids = tuple(uuid.uuid4().hex for _ in range(req.n))
-    return PreparedCall(req, prompt, forced, parent, reason, max_tokens, ids, opens)
+    return PreparedCall(req, prompt, forced, parent, reason, max_tokens, ids, opens, link_rule)
+
+
+OPENS_CACHE_ENTRIES = 256
+"""Prompt endings whose answer `_opens_reasoning` keeps (a template ends nearly every prompt
+with the same few tokens)."""
+
+
+def _opens_reasoning(deps: GatewayDeps, prompt: list[int]) -> bool:
+    """Whether the prompt's last tokens open a `<think>` block, decoded once per ending."""
+    tail = tuple(prompt[-8:])
+    opens = deps.opens_reasoning.get(tail)
+    if opens is None:
+        opens = prompt_opens_reasoning(deps.renderer.decode(tail))
+        if len(deps.opens_reasoning) >= OPENS_CACHE_ENTRIES:
+            deps.opens_reasoning.clear()
+        deps.opens_reasoning[tail] = opens
+    return opens
 
 
 def _check_tool_choice(conv: Conversation) -> None:
@@ -588,17 +608,27 @@ async def complete_stream_batches(
     the engine, and each choice not yet finished is noted as an `AbortedCall`, never recorded as
     a finished call with a cut reply.
     """
-    queue: asyncio.Queue[tuple[int, TokenChunk | BaseException | None]] = asyncio.Queue()
+    # What the engine handed over and nobody has taken yet, in order (unbounded: a pump never
+    # waits), and the future the consumer sleeps on while it is empty. A plain list, not an
+    # asyncio.Queue: a chunk per token went through the queue's put and get, a tenth of a
+    # short streamed call.
+    ready: list[tuple[int, TokenChunk | BaseException | None]] = []
+    wake: list[asyncio.Future[None]] = []
     streams = [_ChoiceStream(deps, call, i) for i in range(call.request.n)]
+
+    def hand_over(item: tuple[int, TokenChunk | BaseException | None]) -> None:
+        ready.append(item)
+        if wake and not wake[0].done():
+            wake[0].set_result(None)
 
     async def pump(i: int) -> None:
         try:
             async for chunk in deps.engine.stream(_engine_request(deps, call, i)):
-                queue.put_nowait((i, chunk))  # unbounded: never waits
+                hand_over((i, chunk))
         except BaseException as e:  # handed to the consumer, which re-raises
-            queue.put_nowait((i, e))
+            hand_over((i, e))
             return
-        queue.put_nowait((i, None))
+        hand_over((i, None))
 
     first: list[StreamEvent] = [StreamDelta(s.index, d) for s in streams if (d := s.start())]
     if first:
@@ -606,9 +636,16 @@ async def complete_stream_batches(
     tasks = [asyncio.create_task(pump(i)) for i in range(len(streams))]
     try:
         running = len(streams)
+        loop = asyncio.get_running_loop()
         while running:
-            items = _merge_ready([await queue.get(),
-                                  *(queue.get_nowait() for _ in range(queue.qsize()))])
+            if not ready:
+                wake.append(loop.create_future())
+                try:
+                    await wake[0]
+                finally:
+                    wake.clear()
+            items = _merge_ready(ready[:])
+            ready.clear()
             batch: list[StreamEvent] = []
             error: BaseException | None = None
             for i, item in items:
