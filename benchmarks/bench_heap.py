@@ -24,8 +24,6 @@ import json
 import resource
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from benchmarks import harness
 
@@ -45,35 +43,21 @@ def child(arm: str, updates: int, rows: str, model: str, n_rows: int = 16) -> No
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         if not libc.mallopt(M_MMAP_THRESHOLD, 1 << 20):
             raise SystemExit("mallopt failed: not glibc?")
-    import torch
-
-    from benchmarks.bench_train import agent_batch, synthetic_batch
-    from relayrl.models import model_path
-    from relayrl.train.actor import Actor
-    from relayrl.train.advantages import compute_advantages
+    from benchmarks.update_worker import UpdateWorker
     from relayrl.train.config import TrainConfig
 
-    cfg = TrainConfig()
-    worker = ThreadPoolExecutor(max_workers=1)  # the trainer's one update thread
-
-    def on_worker(fn: Any, *args: Any) -> Any:
-        return worker.submit(lambda: (torch.set_num_threads(2), fn(*args))[1]).result()
-
-    actor = on_worker(Actor, model_path(model), cfg)
-    vocab = actor.model.config.vocab_size
-    batch = agent_batch(n_rows, vocab) if rows == "agent" else synthetic_batch(n_rows, vocab)
-    adv_B_T = compute_advantages(batch, cfg).adv_B_T
-    on_worker(actor.update, batch, adv_B_T)  # warm-up
+    worker = UpdateWorker(model, TrainConfig())
+    worker.prepare(n_rows, rows)
     runs = []
     for _ in range(updates):  # bounded by --updates
         before = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()
-        on_worker(actor.update, batch, adv_B_T)
+        worker.update()
         wall = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_SELF)
         runs.append({"wall": wall, "sys": after.ru_stime - before.ru_stime,
                      "faults": after.ru_minflt - before.ru_minflt})
-    worker.shutdown()
+    worker.close()
     print(json.dumps({"runs": runs,
                       "maxrss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}),
           flush=True)

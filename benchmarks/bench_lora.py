@@ -25,7 +25,6 @@ import os
 import resource
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from benchmarks import harness
@@ -45,35 +44,23 @@ def child(model: str, overrides: dict[str, Any], updates: int, micro_batch_token
     from relayrl.heap import keep_freed_heap
 
     keep_freed_heap()
-    import torch
-
-    from benchmarks.bench_train import agent_batch
-    from relayrl.models import model_path
-    from relayrl.train.actor import Actor
-    from relayrl.train.advantages import compute_advantages
+    from benchmarks.update_worker import UpdateWorker
     from relayrl.train.config import TrainConfig
 
-    cfg = TrainConfig(micro_batch_tokens=micro_batch_tokens, **overrides)
-    worker = ThreadPoolExecutor(max_workers=1)  # the trainer's one update thread
-
-    def on_worker(fn: Any, *args: Any) -> Any:
-        return worker.submit(lambda: (torch.set_num_threads(2), fn(*args))[1]).result()
-
-    actor = on_worker(Actor, model_path(model), cfg)
+    worker = UpdateWorker(model, TrainConfig(micro_batch_tokens=micro_batch_tokens, **overrides))
     loaded = rss_gb()
-    batch = agent_batch(n_rows, actor.model.config.vocab_size)
-    adv = compute_advantages(batch, cfg)
-    on_worker(actor.update, adv.batch, adv.adv_B_T)  # warm-up
+    worker.prepare(n_rows)
     walls = []
     for _ in range(updates):  # bounded by --updates
         started = time.perf_counter()
-        metrics = on_worker(actor.update, adv.batch, adv.adv_B_T)
+        metrics = worker.update()
         walls.append(time.perf_counter() - started)
+    actor = worker.actor
     started = time.perf_counter()
-    state = on_worker(actor.state_dict_for_engine)
+    state = worker.run(actor.state_dict_for_engine)
     push = time.perf_counter() - started
     del state
-    worker.shutdown()
+    worker.close()
     trained = sum(p.numel() for g in actor.optimizer.param_groups for p in g["params"])
     print(json.dumps({"walls": walls, "push": push, "loaded_gb": loaded, "trained": trained,
                       "forward_tokens": metrics["forward_tokens"],

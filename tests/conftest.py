@@ -20,6 +20,8 @@ import pytest
 
 from relayrl.models import DEFAULT_MODEL, model_path
 
+# `gw`, `client`: a fake-engine gateway and its admin client, for the tests that run episodes
+pytest_plugins = ("tests.episodes",)
 
 def _have_torch() -> bool:
     try:

@@ -220,6 +220,8 @@ async def test_the_oracle_solves_a_task_in_docker() -> None:
 
 
 def test_the_example_config_trains_a_cli_agent_in_groups_on_every_task() -> None:
+    pytest.importorskip("torch", reason="relayrl.config imports relayrl.train, which needs torch "
+                        "(`pip install 'relayrl[train]'`)")
     from relayrl.client.session_client import SessionClient
     from relayrl.config import RelayConfig, load_config
     from relayrl.workflow import AgentWorkflow, GroupedWorkflow, resolve_workflow

@@ -18,6 +18,8 @@ from types import ModuleType
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+NEEDS_TORCH = ("the reference documents RelayConfig, and relayrl.config imports relayrl.train, "
+               "which needs torch (`pip install 'relayrl[train]'`)")
 
 
 def _gen_reference() -> ModuleType:
@@ -30,6 +32,7 @@ def _gen_reference() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch", reason=NEEDS_TORCH)
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"),
                                                         os.environ.get("PYTHONPATH", "")]),
@@ -72,6 +75,7 @@ def test_the_benchmarks_page_is_results_md(site: Path) -> None:
 
 
 def test_every_config_key_is_documented_in_the_code() -> None:
+    pytest.importorskip("torch", reason=NEEDS_TORCH)
     from relayrl.config import RelayConfig
     from relayrl.remote_rollout.config import ServerConfig
 

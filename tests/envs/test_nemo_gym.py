@@ -17,7 +17,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -26,8 +25,9 @@ import pytest
 from relayrl.client.session_client import SessionClient
 from relayrl.envs import nemo_gym as ngenv
 from relayrl.errors import ConfigError, EpisodeFailed
-from relayrl.workflow import EpisodeContext, EpisodeStatus, resolve_workflow, run_episode
-from tests.gateway.conftest import ADMIN, Gateway, fake_gateway
+from relayrl.workflow import EpisodeStatus, resolve_workflow, run_episode
+from tests.episodes import episode_ctx
+from tests.gateway.conftest import Gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = "relayrl.envs.nemo_gym:NeMoGymAgent"
@@ -36,26 +36,6 @@ SERVER = "equivalence_rule"
 HAS_VENV = (ngenv.default_venv() / "bin" / "python").exists()
 needs_venv = pytest.mark.skipif(not HAS_VENV, reason="no NeMo Gym venv (.venv-nemo-gym): "
                                 "bash scripts/install_nemo_gym.sh makes it")
-
-
-@pytest.fixture(scope="module")
-def gw(model_dir: str) -> Iterator[Gateway]:
-    g = fake_gateway(model_dir, batch_size=100_000)
-    yield g
-    g.thread.stop()
-
-
-@pytest.fixture
-async def client(gw: Gateway) -> AsyncIterator[SessionClient]:
-    gw.script.replies.clear()
-    gw.script.requests.clear()
-    async with SessionClient(gw.url, ADMIN) as c:
-        yield c
-
-
-def _ctx(i: int = 0, group: str = "grp") -> EpisodeContext:
-    return EpisodeContext(task_id="t", episode_id=f"ep-{group}-{i}", group_id=group,
-                          sample_index=i)
 
 
 def _item(question: str, answer: str) -> dict:
@@ -185,8 +165,8 @@ async def test_episodes_run_through_nemo_gyms_agent_and_take_verifys_reward(
     item = _item("What is the capital of France? Answer with one word.", "Paris")
     gw.script.replies.extend(["Paris", "Lyon"])
     try:
-        right = await run_episode(wf, None, item, _ctx(0))
-        wrong = await run_episode(wf, None, item, _ctx(1))
+        right = await run_episode(wf, None, item, episode_ctx(0))
+        wrong = await run_episode(wf, None, item, episode_ctx(1))
         procs = list(agent._procs)
         assert len(procs) == 2 and all(p.proc.poll() is None for p in procs)
     finally:
@@ -211,7 +191,7 @@ async def test_a_tool_call_runs_on_the_resources_server_between_two_model_calls(
     gw.script.replies.extend([f"<tool_call>\n{call}\n</tool_call>", "It is cold there."])
     wf = resolve_workflow(AGENT, {"server": "example_single_tool_call"}, gateway=client)
     try:
-        out = await run_episode(wf, None, item, _ctx(0, "tool"))
+        out = await run_episode(wf, None, item, episode_ctx(0, "tool"))
     finally:
         await wf.aclose()
     assert out.status == EpisodeStatus.FINISHED, out.error
@@ -234,7 +214,8 @@ async def test_a_server_setting_reaches_the_resources_server(
                           gateway=client)
     gw.script.replies.append("Pariss")
     try:
-        out = await run_episode(wf, None, _item("Capital of France?", "Paris"), _ctx(0, "sq"))
+        out = await run_episode(wf, None, _item("Capital of France?", "Paris"),
+                                episode_ctx(0, "sq"))
     finally:
         await wf.aclose()
     assert out.status == EpisodeStatus.FINISHED, out.error
@@ -248,9 +229,9 @@ async def test_a_server_that_cannot_start_fails_every_episode_at_once_with_its_o
     wf = resolve_workflow(AGENT, {"server": SERVER, "server_config": {"grading_rule": "nope"}},
                           gateway=client)
     try:
-        first = await run_episode(wf, None, _item("?", "x"), _ctx(0, "bad"))
+        first = await run_episode(wf, None, _item("?", "x"), episode_ctx(0, "bad"))
         t0 = time.monotonic()
-        second = await run_episode(wf, None, _item("?", "x"), _ctx(1, "bad"))
+        second = await run_episode(wf, None, _item("?", "x"), episode_ctx(1, "bad"))
         again_s = time.monotonic() - t0
     finally:
         await wf.aclose()
@@ -267,7 +248,8 @@ async def test_a_broken_item_fails_its_episode_with_the_servers_answer(
         gw: Gateway, client: SessionClient) -> None:
     wf = resolve_workflow(AGENT, {"server": SERVER}, gateway=client)
     try:
-        out = await run_episode(wf, None, {"responses_create_params": {"input": "hi"}}, _ctx(0))
+        out = await run_episode(wf, None, {"responses_create_params": {"input": "hi"}},
+                                episode_ctx(0))
     finally:
         await wf.aclose()
     # equivalence_rule's /run body needs expected_answer: NeMo Gym answers 422, relayrl says so

@@ -12,7 +12,7 @@ import json
 import random
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,8 +23,9 @@ pytest.importorskip("openenv", reason="openenv is not installed (pip install "
 from relayrl.client.session_client import SessionClient
 from relayrl.envs import openenv as oeenv
 from relayrl.errors import ConfigError
-from relayrl.workflow import AgentWorkflow, EpisodeContext, episode_scope, resolve_workflow
-from tests.gateway.conftest import ADMIN, Gateway, fake_gateway
+from relayrl.workflow import AgentWorkflow, episode_scope, resolve_workflow
+from tests.episodes import episode_ctx
+from tests.gateway.conftest import Gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "openenv"
@@ -39,21 +40,6 @@ def example_on_path() -> Iterator[None]:
     sys.path.remove(str(EXAMPLE))
 
 
-@pytest.fixture(scope="module")
-def gw(model_dir: str) -> Iterator[Gateway]:
-    g = fake_gateway(model_dir, batch_size=100_000)
-    yield g
-    g.thread.stop()
-
-
-@pytest.fixture
-async def client(gw: Gateway) -> AsyncIterator[SessionClient]:
-    gw.script.replies.clear()
-    gw.script.requests.clear()
-    async with SessionClient(gw.url, ADMIN) as c:
-        yield c
-
-
 def _secret(seed: int) -> int:
     return random.Random(seed).randrange(10)  # what guess_env draws
 
@@ -63,7 +49,7 @@ def _wrong(seed: int) -> str:
 
 
 async def _episode(wf: AgentWorkflow, data: dict, group: str = "grp") -> list:
-    with episode_scope(EpisodeContext(task_id="t", episode_id=f"ep-{group}", group_id=group)):
+    with episode_scope(episode_ctx(group=group)):
         rows = await wf.arun_episode(None, data)
     return list((rows or {}).values())
 

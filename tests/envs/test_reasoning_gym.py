@@ -7,47 +7,24 @@ with the real model is in tests/examples/test_reasoning_gym_example.py.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-
 import pytest
 
 pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (pip install "
                     "'relayrl[reasoning-gym]')")
 
-from relayrl.client.session_client import SessionClient
 from relayrl.envs import reasoning_gym as rgenv
 from relayrl.errors import ConfigError
 from relayrl.workflow import (
-    EpisodeContext,
     EpisodeStatus,
     episode_scope,
     resolve_workflow,
     run_episode,
 )
-from tests.gateway.conftest import ADMIN, Gateway, fake_gateway
+from tests.episodes import episode_ctx
 
 ADD = {"min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+"],
        "allow_parentheses": False, "allow_negation": False}
 AGENT = "relayrl.envs.reasoning_gym:ReasoningGymAgent"
-
-
-@pytest.fixture(scope="module")
-def gw(model_dir: str) -> Iterator[Gateway]:
-    g = fake_gateway(model_dir, batch_size=100_000)
-    yield g
-    g.thread.stop()
-
-
-@pytest.fixture
-async def client(gw: Gateway) -> AsyncIterator[SessionClient]:
-    gw.script.replies.clear()
-    async with SessionClient(gw.url, ADMIN) as c:
-        yield c
-
-
-def _ctx(i: int = 0, group: str = "grp-1", is_eval: bool = False) -> EpisodeContext:
-    return EpisodeContext(task_id="t", episode_id=f"ep-{group}-{i}", group_id=group,
-                          sample_index=i, is_eval=is_eval)
 
 
 def test_an_unknown_dataset_names_the_close_ones() -> None:
@@ -92,7 +69,7 @@ async def test_an_episode_is_scored_by_the_datasets_own_score_answer(gw, client)
     workflow = resolve_workflow(AGENT, {"max_tokens": 16}, group_size=3, gateway=client)
     # reasoning-gym's convention: the last <answer> tag; no tag is no answer (score 0)
     gw.script.replies.extend([f"<answer>{answer}</answer>", f"It is {answer}", "<answer>x</answer>"])
-    out = await run_episode(workflow, None, item, _ctx())
+    out = await run_episode(workflow, None, item, episode_ctx())
     assert out.status == EpisodeStatus.FINISHED, out.error
     assert sorted(out.rows.rows[i].reward for i in range(3)) == [0.0, 0.0, 1.0]
     # the policy saw reasoning-gym's default system prompt and the dataset's question
@@ -108,7 +85,7 @@ async def test_with_answer_tag_none_the_whole_reply_is_scored(gw, client) -> Non
     workflow = resolve_workflow(AGENT, {"answer_tag": None, "system_prompt": None},
                                 gateway=client)
     gw.script.replies.append(f"It is {answer}")
-    out = await run_episode(workflow, None, item, _ctx())
+    out = await run_episode(workflow, None, item, episode_ctx())
     # the base class's score_answer: partial credit len(answer) / len(reply) when it contains it
     assert out.rows.rows[0].reward == pytest.approx(len(answer) / len(f"It is {answer}"))
 
@@ -121,9 +98,9 @@ async def test_an_entry_reasoning_gym_wrote_itself_is_accepted(gw, client) -> No
              "metadata": {"source_dataset": "leg_counting"}}
     workflow = resolve_workflow(AGENT, {}, gateway=client)
     gw.script.replies.append(f"<answer>{entry['answer']}</answer>")
-    out = await run_episode(workflow, None, plain, _ctx())
+    out = await run_episode(workflow, None, plain, episode_ctx())
     assert out.rows.rows[0].reward == 1.0
-    out = await run_episode(workflow, None, {"messages": []}, _ctx(1))
+    out = await run_episode(workflow, None, {"messages": []}, episode_ctx(1))
     assert out.status == EpisodeStatus.ABORTED and "metadata.source_dataset" in out.error
 
 
@@ -151,21 +128,21 @@ async def test_a_group_plays_one_level_and_held_out_episodes_keep_the_items_sett
     item = rgenv.make_items("chain_sum", size=4, seed=1)[2]
     agent = rgenv.ReasoningGymAgent(curriculum={"window": 1, "raise_at": 0.5})
     workflow = resolve_workflow(agent, gateway=client)
-    with episode_scope(_ctx(0, group="g1")):
+    with episode_scope(episode_ctx(0, group="g1")):
         at_zero = agent.question(item)  # the group's first episode pins level 0
     assert at_zero.level == 0
     gw.script.replies.append(f"<answer>{at_zero.entry['answer']}</answer>")
-    out = await run_episode(workflow, None, item, _ctx(1, group="g1"))
+    out = await run_episode(workflow, None, item, episode_ctx(1, group="g1"))
     assert out.rows.rows[0].reward == 1.0
     assert workflow.counters()["chain_sum_level"] == 1  # a full window at 1.0 raised it
-    with episode_scope(_ctx(2, group="g1")):  # the rest of the group: the same question
+    with episode_scope(episode_ctx(2, group="g1")):  # the rest of the group: the same question
         assert agent.question(item).entry == at_zero.entry
-    with episode_scope(_ctx(0, group="g2")):
+    with episode_scope(episode_ctx(0, group="g2")):
         harder = agent.question(item)
     assert harder.level == 1
     difficulty = harder.entry["metadata"]["difficulty"]  # the settings the entry was made with
     assert difficulty["num_terms"] == (2, 3) and at_zero.entry["metadata"]["difficulty"][
         "num_terms"] == (2, 2)
-    with episode_scope(_ctx(0, group="g3", is_eval=True)):
+    with episode_scope(episode_ctx(0, group="g3", is_eval=True)):
         held_out = agent.question(item)
     assert held_out.level is None and held_out.entry["question"] == item["question"]

@@ -11,7 +11,6 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,38 +24,18 @@ from relayrl.envs import textarena as taenv
 from relayrl.errors import ConfigError
 from relayrl.rollout import RolloutConfig, RolloutController
 from relayrl.workflow import (
-    EpisodeContext,
     EpisodeResult,
     RolloutWorkflow,
     episode_scope,
     resolve_workflow,
 )
-from tests.gateway.conftest import ADMIN, Gateway, fake_gateway
+from tests.episodes import episode_ctx
+from tests.gateway.conftest import Gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = "relayrl.envs.textarena:TextArenaWorkflow"
 # TicTacToe: player 0 takes the top row while player 1 plays the middle one
 P0_WINS = ["[0]", "[3]", "[1]", "[4]", "[2]"]
-
-
-@pytest.fixture(scope="module")
-def gw(model_dir: str) -> Iterator[Gateway]:
-    g = fake_gateway(model_dir, batch_size=100_000)
-    yield g
-    g.thread.stop()
-
-
-@pytest.fixture
-async def client(gw: Gateway) -> AsyncIterator[SessionClient]:
-    gw.script.replies.clear()
-    gw.script.requests.clear()
-    async with SessionClient(gw.url, ADMIN) as c:
-        yield c
-
-
-def _ctx(i: int = 0, group: str = "grp-1") -> EpisodeContext:
-    return EpisodeContext(task_id="t", episode_id=f"ep-{group}-{i}", group_id=group,
-                          sample_index=i)
 
 
 def _by_role(rows: dict) -> dict[str, list]:
@@ -71,7 +50,7 @@ async def test_the_winner_gets_1_and_the_loser_minus_1_each_in_its_own_session(
     gw.script.replies.extend(P0_WINS)
     wf = resolve_workflow(WORKFLOW, {"max_tokens": 8}, gateway=client)
     try:
-        with episode_scope(_ctx()):
+        with episode_scope(episode_ctx()):
             rows = await wf.arun_episode(None, {"env_id": "TicTacToe-v0", "seed": 1})
     finally:
         await wf.aclose()
@@ -95,7 +74,7 @@ async def test_group_by_role_false_keeps_both_seats_in_the_items_group(
     gw.script.replies.extend(P0_WINS)
     wf = resolve_workflow(WORKFLOW, {"group_by_role": False}, gateway=client)
     try:
-        with episode_scope(_ctx(group="grp-3")):
+        with episode_scope(episode_ctx(group="grp-3")):
             rows = await wf.arun_episode(None, {"env_id": "TicTacToe-v0", "seed": 3})
     finally:
         await wf.aclose()
@@ -110,7 +89,7 @@ async def test_invalid_moves_are_the_games_business(gw: Gateway, client: Session
     gw.script.replies.extend(["I pick the middle", "still no move"])
     wf = resolve_workflow(WORKFLOW, {"env_id": "TicTacToe-v0"}, gateway=client)
     try:
-        with episode_scope(_ctx(group="grp-2")):
+        with episode_scope(episode_ctx(group="grp-2")):
             rows = await wf.arun_episode(None, {"seed": 2})
     finally:
         await wf.aclose()

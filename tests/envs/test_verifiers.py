@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,8 +34,9 @@ vf = pytest.importorskip("verifiers.v1", reason="verifiers is not installed: it 
 
 from relayrl.client.session_client import SessionClient  # noqa: E402
 from relayrl.envs import verifiers as vfenv  # noqa: E402
-from relayrl.workflow import EpisodeContext, EpisodeStatus, resolve_workflow, run_episode  # noqa: E402
-from tests.gateway.conftest import ADMIN, Gateway, fake_gateway  # noqa: E402
+from relayrl.workflow import EpisodeStatus, resolve_workflow, run_episode  # noqa: E402
+from tests.episodes import episode_ctx  # noqa: E402
+from tests.gateway.conftest import Gateway  # noqa: E402
 
 AGENT = "relayrl.envs.verifiers:VerifiersAgent"
 
@@ -48,24 +48,6 @@ def installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(PACKAGES))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [str(PACKAGES), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-
-
-@pytest.fixture(scope="module")
-def gw(model_dir: str) -> Iterator[Gateway]:
-    g = fake_gateway(model_dir, batch_size=100_000)
-    yield g
-    g.thread.stop()
-
-
-@pytest.fixture
-async def client(gw: Gateway) -> AsyncIterator[SessionClient]:
-    gw.script.replies.clear()
-    async with SessionClient(gw.url, ADMIN) as c:
-        yield c
-
-
-def _ctx(i: int = 0) -> EpisodeContext:
-    return EpisodeContext(task_id="t", episode_id=f"ep-{i}", group_id="g", sample_index=i)
 
 
 def tool_call(name: str, args: dict[str, object]) -> str:
@@ -82,7 +64,7 @@ async def _one_episode(gw: Gateway, client: SessionClient, env_id: str, replies:
                                 gateway=client)
     try:
         gw.script.replies.extend(replies)
-        out = await run_episode(workflow, None, item, _ctx())
+        out = await run_episode(workflow, None, item, episode_ctx())
     finally:
         await workflow.aclose()
     return out, workflow
@@ -112,7 +94,7 @@ async def test_a_group_runs_through_verifiers_rollout_and_gets_the_rubrics_rewar
                                         "max_tokens": 16}, group_size=2, gateway=client)
     try:
         gw.script.replies.extend(["The sum is 4", "I think it is 5"])
-        out = await run_episode(workflow, None, item, _ctx())
+        out = await run_episode(workflow, None, item, episode_ctx())
     finally:
         await workflow.aclose()
     assert out.status == EpisodeStatus.FINISHED, out.error
@@ -131,7 +113,7 @@ async def test_a_failed_rollout_is_aborted_never_scored_zero(gw, client) -> None
     # an endpoint that refuses the harness's call: the rollout fails inside verifiers
     workflow = resolve_workflow(agent, gateway=client)
     try:
-        out = await run_episode(workflow, None, {**item, "verifiers": {"index": 5}}, _ctx())
+        out = await run_episode(workflow, None, {**item, "verifiers": {"index": 5}}, episode_ctx())
         assert out.status == EpisodeStatus.ABORTED and "outside the taskset" in out.error
         ctx = agent.model_context(gw.url + "/no-such-route/v1", "wrong-key")
         env, tasks = await agent._serving()

@@ -4,7 +4,6 @@ role-scoped URL a child session hands out, per-role rewards, and what happens wi
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,9 +15,7 @@ from relayrl.errors import ConfigError, InvalidRequest
 from relayrl.gateway.config import GatewayConfig
 from relayrl.trajectory.atif import session_to_atif
 from tests.gateway.conftest import ADMIN, Gateway, fake_gateway
-
-ROOT = Path(__file__).resolve().parents[2]
-HARBOR_PY = ROOT / ".venv-harbor" / "bin" / "python"
+from tests.trajectory.harbor import harbor_validate, needs_harbor
 
 
 @pytest.fixture(scope="module")
@@ -153,22 +150,11 @@ def test_atif_names_each_roles_trajectory_after_its_role(rgw: Gateway) -> None:
     assert traj["final_metrics"]["extra"]["role_rewards"] == {"solver": 1.0}
 
 
-@pytest.mark.skipif(not HARBOR_PY.exists(),
-                    reason="Harbor's venv is not installed (scripts/install_harbor.sh)")
+@needs_harbor
 def test_harbors_validator_accepts_a_two_role_trajectory(rgw: Gateway, tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     path.write_text(json.dumps(_two_role_atif(rgw)))
-    check = ("import json, sys\n"
-             "from harbor.models.trajectories import Trajectory\n"
-             "from harbor.utils.trajectory_validator import TrajectoryValidator\n"
-             "v = TrajectoryValidator()\n"
-             "ok = v.validate(sys.argv[1])\n"
-             "t = Trajectory.model_validate(json.load(open(sys.argv[1])))\n"
-             "print(ok, t.agent.name, t.subagent_trajectories[0].agent.name, v.get_errors())\n")
-    done = subprocess.run([str(HARBOR_PY), "-c", check, str(path)], capture_output=True,
-                          text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.split()[:3] == ["True", "planner", "solver"], done.stdout + done.stderr
+    assert harbor_validate(path, "t.agent.name", "subs[0].agent.name") == ["planner", "solver"]
 
 
 def test_role_names_are_checked_by_the_client_too() -> None:

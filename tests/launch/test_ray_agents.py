@@ -5,14 +5,12 @@ here is the episode's lifecycle, not generation)."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 
-from relayrl.client.session_client import SessionClient
-from relayrl.trajectory import SessionState
-from relayrl.workflow import EpisodeContext, EpisodeStatus, run_episode
-from tests.gateway.conftest import ADMIN, Gateway, fake_gateway
+from relayrl.workflow import EpisodeStatus, run_episode
+from tests.episodes import episode_ctx, open_sessions
 from tests.workflow.agents import CrashingAgent, HangingAgent, SyncEnvAgent
 
 ray = pytest.importorskip("ray")
@@ -33,39 +31,17 @@ def ray_session() -> Iterator[None]:
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def gw(model_dir: str) -> Iterator[Gateway]:
-    g = fake_gateway(model_dir, batch_size=100_000)
-    yield g
-    g.thread.stop()
-
-
-@pytest.fixture
-async def client(gw: Gateway) -> AsyncIterator[SessionClient]:
-    gw.script.replies.clear()
-    async with SessionClient(gw.url, ADMIN) as c:
-        yield c
-
-
-def _open_sessions(gw: Gateway) -> list[str]:
-    return [s.id for s in gw.deps.store if s.state == SessionState.OPEN]
-
-
-def _ctx(i: int = 0) -> EpisodeContext:
-    return EpisodeContext(task_id="t1", episode_id=f"ep-{i}", group_id="grp-1", sample_index=i)
-
-
 async def test_a_sync_agent_in_a_ray_worker_reads_the_session_from_its_env(
         ray_session, gw, client) -> None:
     from relayrl.launch.ray import RayAgentWorkflow
 
     gw.script.replies += ["4", "Yes, 4."]
     wf = RayAgentWorkflow(SyncEnvAgent(), client)
-    out = await run_episode(wf, None, DATA, _ctx(), timeout_s=120)
+    out = await run_episode(wf, None, DATA, episode_ctx(), timeout_s=120)
     assert out.status == EpisodeStatus.FINISHED, out.error
     (row,) = out.result.values()
     assert len(row.interaction_ids) == 2 and row.turn_rewards[-1] == 1.0
-    assert not _open_sessions(gw)
+    assert not open_sessions(gw)
 
 
 async def test_an_agent_that_raises_in_a_ray_worker_is_aborted_with_its_error(
@@ -73,10 +49,10 @@ async def test_an_agent_that_raises_in_a_ray_worker_is_aborted_with_its_error(
     from relayrl.launch.ray import RayAgentWorkflow
 
     wf = RayAgentWorkflow(CrashingAgent(), client)
-    out = await run_episode(wf, None, DATA, _ctx(), timeout_s=120)
+    out = await run_episode(wf, None, DATA, episode_ctx(), timeout_s=120)
     assert out.status == EpisodeStatus.ABORTED and out.rows is None
     assert "RuntimeError" in out.error and "tool backend unreachable" in out.error
-    assert not _open_sessions(gw)
+    assert not open_sessions(gw)
 
 
 async def test_a_hung_agent_times_out_its_task_is_cancelled_and_the_worker_freed(
@@ -84,11 +60,11 @@ async def test_a_hung_agent_times_out_its_task_is_cancelled_and_the_worker_freed
     from relayrl.launch.ray import RayAgentWorkflow
 
     wf = RayAgentWorkflow(HangingAgent(sync=True), client)
-    out = await run_episode(wf, None, DATA, _ctx(), timeout_s=5.0)
+    out = await run_episode(wf, None, DATA, episode_ctx(), timeout_s=5.0)
     assert out.status == EpisodeStatus.ABORTED and "TimeoutError" in out.error
-    assert not _open_sessions(gw)
+    assert not open_sessions(gw)
     # Ray has one CPU: the next episode runs only if the hung task was killed, not left running
     gw.script.replies += ["4", "Yes, 4."]
-    again = await run_episode(RayAgentWorkflow(SyncEnvAgent(), client), None, DATA, _ctx(1),
+    again = await run_episode(RayAgentWorkflow(SyncEnvAgent(), client), None, DATA, episode_ctx(1),
                               timeout_s=120)
     assert again.status == EpisodeStatus.FINISHED, again.error

@@ -140,6 +140,8 @@ def test_build_from_config_section() -> None:
 
 
 def test_the_launcher_builds_workflow_remote_from_its_kwargs() -> None:
+    pytest.importorskip("torch", reason="relayrl.config imports relayrl.train, which needs torch "
+                        "(`pip install 'relayrl[train]'`)")
     from relayrl.launch.local import build_workflow
     from relayrl.workflow import AgentConfig, GroupedWorkflow
 
@@ -152,6 +154,8 @@ def test_the_launcher_builds_workflow_remote_from_its_kwargs() -> None:
 
 
 def test_command_line_text_is_coerced() -> None:
+    pytest.importorskip("torch", reason="relayrl.config imports relayrl.train, which needs torch "
+                        "(`pip install 'relayrl[train]'`)")
     from relayrl.config import parse_override
 
     _, text = parse_override("x=24")

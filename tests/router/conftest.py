@@ -73,10 +73,11 @@ class Backend:
         self.thread.stop()
 
 
-def start_backend(model_dir: str, admin_key: str = ADMIN) -> Backend:
+def start_backend(model_dir: str, admin_key: str = ADMIN, **config) -> Backend:
+    """A fake-engine gateway on loopback (`config`: more GatewayConfig settings)."""
     engine = FakeEngine(["hello there", "second reply", "third"], tokenizer_path=model_dir)
     cfg = GatewayConfig(model=model_dir, engine="fake", admin_key=admin_key,
-                        model_label="relayrl-test")
+                        model_label="relayrl-test", **config)
     thread = GatewayThread(build_deps(cfg, engine=engine))
     sent = Sent()
     thread.server.config.app = Recorder(thread.app, sent)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
 from openai import OpenAI
 
-from relayrl.router import RouterThread
-from tests.router.conftest import ADMIN, Backend
+from relayrl.client.session_client import SessionClient
+from relayrl.router import RouterConfig, RouterThread
+from tests.router.conftest import ADMIN, Backend, start_backend, start_router
 
 AUTH = {"authorization": f"Bearer {ADMIN}"}
 HI = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -177,3 +179,51 @@ def test_oversized_bodies_are_refused_before_any_backend(backends: list[Backend]
     r = httpx.post(router.url + "/v1/chat/completions", json=big, headers=AUTH)
     assert r.status_code == 413 and "over 4096 bytes" in r.json()["error"]["message"]
     assert calls() == before
+
+
+@pytest.fixture
+def role_backends(model_dir: str) -> Iterator[list[Backend]]:
+    """Two gateways that record a role per call (child sessions need `gateway.roles`)."""
+    bs = [start_backend(model_dir, roles=True), start_backend(model_dir, roles=True)]
+    yield bs
+    for b in bs:
+        b.stop()
+
+
+@pytest.fixture
+def role_router(role_backends: list[Backend]) -> Iterator[RouterThread]:
+    r = start_router(RouterConfig(backends=[b.url for b in role_backends],
+                                  health_interval_s=0.2, health_timeout_s=1.0))
+    yield r
+    r.stop()
+
+
+async def test_a_child_sessions_url_is_the_routers_and_its_calls_reach_the_session(
+        role_backends: list[Backend], role_router: RouterThread) -> None:
+    async with SessionClient(role_router.url, ADMIN) as client:
+        parent = await client.start_session()
+        child = await client.child_session(parent, "solver")  # the key as a bearer token
+        by_path = httpx.post(f"{role_router.url}/s/{parent.api_key}/rl/v1/child_session",
+                             json={"role": "critic"}).json()
+    scoped = f"{role_router.url}/s/{parent.api_key}/role"
+    assert child.base_url == f"{scoped}/solver/v1"
+    assert by_path["base_url"] == f"{scoped}/critic/v1"
+    for url in (child.base_url, by_path["base_url"]):  # the sub-agent has only its URL
+        r = httpx.post(url + "/chat/completions", json=HI, timeout=30)
+        assert r.status_code == 200, r.text
+    o = owner(role_backends, parent.session_id)
+    calls = role_backends[o].deps.store.get(parent.session_id).interactions
+    assert [c.role for c in calls] == ["solver", "critic"]
+
+
+def test_a_child_session_of_a_session_the_router_never_saw_points_at_the_router(
+        role_backends: list[Backend], role_router: RouterThread) -> None:
+    with role_backends[1].admin() as c:  # not through the router: it has no binding for this key
+        s = c.post("/rl/v1/start_session", json={}).json()
+    r = httpx.post(role_router.url + "/rl/v1/child_session", json={"role": "solver"},
+                   headers={"authorization": f"Bearer {s['api_key']}"})
+    assert r.status_code == 200, r.text
+    assert r.json()["base_url"] == f"{role_router.url}/s/{s['api_key']}/role/solver/v1"
+    refused = httpx.post(role_router.url + "/rl/v1/child_session", json={"role": "solver"},
+                         headers={"authorization": "Bearer not-a-session-key"})
+    assert refused.status_code == 401

@@ -4,7 +4,6 @@ validated by Harbor's own models and validator (in .venv-harbor, scripts/install
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -15,9 +14,8 @@ from relayrl.cli import main
 from relayrl.errors import InvalidRequest
 from relayrl.trajectory.atif import read_sft_rows
 from tests.gateway.conftest import fake_gateway
+from tests.trajectory.harbor import harbor_validate, needs_harbor
 
-ROOT = Path(__file__).resolve().parents[2]
-HARBOR_PY = ROOT / ".venv-harbor" / "bin" / "python"
 WEATHER = {"type": "function", "function": {
     "name": "weather", "description": "Weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
@@ -92,24 +90,13 @@ def test_export_writes_one_atif_trajectory_per_session_with_its_tokens(
     assert edited[-1]["extra"]["reward"] == 1.0
 
 
-@pytest.mark.skipif(not HARBOR_PY.exists(),
-                    reason="Harbor's venv is not installed (scripts/install_harbor.sh)")
+@needs_harbor
 def test_harbors_own_validator_accepts_the_export(recorded: tuple[Path, str],
                                                   tmp_path: Path) -> None:
     log, sid = recorded
     out = tmp_path / "atif"
     assert main(["export", str(log), "--out", str(out)]) == 0
-    check = ("import json, sys\n"
-             "from harbor.models.trajectories import Trajectory\n"
-             "from harbor.utils.trajectory_validator import TrajectoryValidator\n"
-             "v = TrajectoryValidator()\n"
-             "ok = v.validate(sys.argv[1])\n"
-             "t = Trajectory.model_validate(json.load(open(sys.argv[1])))\n"
-             "print(ok, len(t.steps), len(t.subagent_trajectories or []), v.get_errors())\n")
-    done = subprocess.run([str(HARBOR_PY), "-c", check, str(out / f"{sid}.json")],
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.split()[:3] == ["True", "4", "1"], done.stdout + done.stderr
+    assert harbor_validate(out / f"{sid}.json", "len(t.steps)", "len(subs)") == [4, 1]
 
 
 def test_export_of_training_rows_from_the_same_log(recorded: tuple[Path, str],

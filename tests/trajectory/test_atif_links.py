@@ -5,7 +5,6 @@ validated by Harbor's own models and validator (in .venv-harbor)."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -14,9 +13,8 @@ import pytest
 from relayrl.cli import main
 from relayrl.trajectory.links import SUMMARY_PREFIXES, SUMMARY_REQUEST_MARKERS
 from tests.gateway.conftest import fake_gateway
+from tests.trajectory.harbor import harbor_validate, needs_harbor
 
-ROOT = Path(__file__).resolve().parents[2]
-HARBOR_PY = ROOT / ".venv-harbor" / "bin" / "python"
 AGENT_TOOL = {"type": "function", "function": {
     "name": "Agent", "description": "Start a sub-agent.",
     "parameters": {"type": "object", "properties": {"description": {"type": "string"},
@@ -121,23 +119,11 @@ def test_atif_marks_copied_context_and_references_the_subagent(
     assert subs["subagent"]["extra"]["link_rule"] == "tool:Agent"
 
 
-@pytest.mark.skipif(not HARBOR_PY.exists(),
-                    reason="Harbor's venv is not installed (scripts/install_harbor.sh)")
+@needs_harbor
 def test_harbor_validates_the_linked_export(recorded: tuple[Path, str, dict],
                                             tmp_path: Path) -> None:
     log, sid, _ = recorded
     out = tmp_path / "atif"
     assert main(["export", str(log), "--format", "atif", "--out", str(out)]) == 0
-    check = ("import json, sys\n"
-             "from harbor.models.trajectories import Trajectory\n"
-             "from harbor.utils.trajectory_validator import TrajectoryValidator\n"
-             "v = TrajectoryValidator()\n"
-             "ok = v.validate(sys.argv[1])\n"
-             "t = Trajectory.model_validate(json.load(open(sys.argv[1])))\n"
-             "subs = t.subagent_trajectories or []\n"
-             "copied = sum(bool(s.is_copied_context) for x in subs for s in x.steps)\n"
-             "print(ok, len(subs), copied, v.get_errors())\n")
-    done = subprocess.run([str(HARBOR_PY), "-c", check, str(out / f"{sid}.json")],
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.split()[:3] == ["True", "2", "3"], done.stdout + done.stderr
+    copied = "sum(bool(s.is_copied_context) for x in subs for s in x.steps)"
+    assert harbor_validate(out / f"{sid}.json", "len(subs)", copied) == [2, 3]

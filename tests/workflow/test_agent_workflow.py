@@ -7,7 +7,6 @@ with no open session, whatever the agent did.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -17,12 +16,12 @@ from relayrl.trajectory import SessionState
 from relayrl.workflow import (
     AgentConfig,
     AgentWorkflow,
-    EpisodeContext,
     EpisodeStatus,
     GroupedWorkflow,
     run_episode,
 )
-from tests.gateway.conftest import ADMIN, Gateway, fake_gateway
+from tests.episodes import episode_ctx, open_sessions
+from tests.gateway.conftest import ADMIN, fake_gateway
 from tests.workflow.agents import (
     ChatAgent,
     CrashingAgent,
@@ -34,46 +33,23 @@ from tests.workflow.agents import (
 DATA = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"}
 
 
-@pytest.fixture(scope="module")
-def gw(model_dir: str) -> Iterator[Gateway]:
-    """One fake-engine gateway for the module (every episode has its own session anyway)."""
-    g = fake_gateway(model_dir, batch_size=100_000)
-    yield g
-    g.thread.stop()
-
-
-@pytest.fixture
-async def client(gw: Gateway) -> AsyncIterator[SessionClient]:
-    gw.script.replies.clear()
-    async with SessionClient(gw.url, ADMIN) as c:
-        yield c
-
-
-def _open_sessions(gw: Gateway) -> list[str]:
-    return [s.id for s in gw.deps.store if s.state == SessionState.OPEN]
-
-
-def _ctx(i: int = 0) -> EpisodeContext:
-    return EpisodeContext(task_id="t1", episode_id=f"ep-{i}", group_id="grp-1", sample_index=i)
-
-
 async def test_an_inline_agent_gets_rows_its_float_reward_and_its_ids(gw, client) -> None:
     gw.script.replies += ["The answer is 4."]
     wf = AgentWorkflow(ChatAgent(), client)
-    out = await run_episode(wf, None, DATA, _ctx())
+    out = await run_episode(wf, None, DATA, episode_ctx())
     assert out.status == EpisodeStatus.FINISHED, out.error
     (iid, row), = out.result.items()
     assert row.interaction_ids == [iid] and row.reward == 1.0
     assert row.task_id == "t1"
-    assert out.rows.episode_ids == ("ep-0",) and out.rows.group_ids == ("grp-1",)
+    assert out.rows.episode_ids == ("ep-grp-1-0",) and out.rows.group_ids == ("grp-1",)
     assert list(out.rows.rewards) == [1.0]
     assert sum(out.rows.rows[0].loss_mask) == sum(row.loss_mask) > 0
-    assert not _open_sessions(gw)
+    assert not open_sessions(gw)
 
 
 async def test_an_inline_agent_that_returns_none_keeps_the_reward_it_set_over_http(gw, client):
     wf = AgentWorkflow(HttpRewardAgent(), client)
-    out = await run_episode(wf, None, DATA, _ctx())
+    out = await run_episode(wf, None, DATA, episode_ctx())
     assert out.status == EpisodeStatus.FINISHED, out.error
     assert [r.reward for r in out.result.values()] == [0.5]
 
@@ -92,7 +68,7 @@ async def test_a_sync_subprocess_agent_reads_the_env_and_rewards_each_call(gw, c
     wf = AgentWorkflow(SyncEnvAgent(), client, AgentConfig(mode="subprocess", discount=0.5,
                                                            subproc_max_workers=1))
     try:
-        out = await run_episode(wf, None, DATA, _ctx(), timeout_s=60)
+        out = await run_episode(wf, None, DATA, episode_ctx(), timeout_s=60)
     finally:
         await wf.aclose()
     assert out.status == EpisodeStatus.FINISHED, out.error
@@ -100,7 +76,7 @@ async def test_a_sync_subprocess_agent_reads_the_env_and_rewards_each_call(gw, c
     assert len(row.interaction_ids) == 2
     # per-call rewards from the returned dict; discount credit: 0.25 + 0.5 * 1.0
     assert row.turn_rewards == [0.75, 1.0]
-    assert not _open_sessions(gw)
+    assert not open_sessions(gw)
 
 
 async def test_an_async_agent_runs_in_a_subprocess_under_asyncio_run(gw, client) -> None:
@@ -108,7 +84,7 @@ async def test_an_async_agent_runs_in_a_subprocess_under_asyncio_run(gw, client)
     wf = AgentWorkflow(ChatAgent(), client, AgentConfig(mode="subprocess",
                                                         subproc_max_workers=1))
     try:
-        out = await run_episode(wf, None, DATA, _ctx(), timeout_s=60)
+        out = await run_episode(wf, None, DATA, episode_ctx(), timeout_s=60)
     finally:
         await wf.aclose()
     assert out.status == EpisodeStatus.FINISHED, out.error
@@ -119,12 +95,12 @@ async def test_an_async_agent_runs_in_a_subprocess_under_asyncio_run(gw, client)
 async def test_an_agent_that_raises_is_aborted_and_its_session_released(gw, client, mode):
     wf = AgentWorkflow(CrashingAgent(), client, AgentConfig(mode=mode, subproc_max_workers=1))
     try:
-        out = await run_episode(wf, None, DATA, _ctx(), timeout_s=60)
+        out = await run_episode(wf, None, DATA, episode_ctx(), timeout_s=60)
     finally:
         await wf.aclose()
     assert out.status == EpisodeStatus.ABORTED
     assert "tool backend unreachable" in out.error and out.rows is None
-    assert not _open_sessions(gw)
+    assert not open_sessions(gw)
 
 
 @pytest.mark.parametrize("mode", ["inline", "subprocess"])
@@ -133,13 +109,14 @@ async def test_an_agent_that_hangs_times_out_and_its_session_is_released(gw, cli
                        AgentConfig(mode=mode, subproc_max_workers=1))
     try:
         # subprocess: long enough for the worker to start and make its call
-        out = await run_episode(wf, None, DATA, _ctx(), timeout_s=1.0 if mode == "inline" else 3.0)
+        out = await run_episode(wf, None, DATA, episode_ctx(),
+                                timeout_s=1.0 if mode == "inline" else 3.0)
         if mode == "subprocess":
             assert wf._pool is not None and wf._pool.killed == 1  # the hung worker is gone
     finally:
         await wf.aclose()
     assert out.status == EpisodeStatus.ABORTED and "TimeoutError" in out.error
-    assert not _open_sessions(gw)
+    assert not open_sessions(gw)
 
 
 async def test_a_return_value_of_the_wrong_type_aborts_with_what_was_expected(gw, client):
@@ -148,10 +125,10 @@ async def test_a_return_value_of_the_wrong_type_aborts_with_what_was_expected(gw
             await super().run(data, **extra)
             return "correct"
 
-    out = await run_episode(AgentWorkflow(WordAgent(), client), None, DATA, _ctx())
+    out = await run_episode(AgentWorkflow(WordAgent(), client), None, DATA, episode_ctx())
     assert out.status == EpisodeStatus.ABORTED
     assert "is a str" in out.error and "dict interaction id" in out.error
-    assert not _open_sessions(gw)
+    assert not open_sessions(gw)
 
 
 def test_an_agent_that_cannot_be_pickled_is_refused_before_anything_starts() -> None:
@@ -174,7 +151,7 @@ async def test_an_agent_waits_for_capacity_then_aborts_when_none_comes(model_dir
         async with SessionClient(tight.url, ADMIN) as client:
             wf = AgentWorkflow(ChatAgent(), client,
                                AgentConfig(capacity_wait_s=0.3, capacity_poll_s=0.05))
-            out = await run_episode(wf, None, DATA, _ctx())
+            out = await run_episode(wf, None, DATA, episode_ctx())
         assert out.status == EpisodeStatus.ABORTED
         assert "CapacityExhausted" in out.error and "0.3 s" in out.error
         assert [s.task_id for s in tight.deps.store] == ["holder"]  # it opened nothing
@@ -192,7 +169,7 @@ async def test_a_crashing_agent_gives_its_capacity_back(model_dir, mode) -> None
             wf = AgentWorkflow(CrashingAgent(), client,
                                AgentConfig(mode=mode, subproc_max_workers=1))
             try:
-                out = await run_episode(wf, None, DATA, _ctx())
+                out = await run_episode(wf, None, DATA, episode_ctx())
             finally:
                 await wf.aclose()
             assert out.status == EpisodeStatus.ABORTED

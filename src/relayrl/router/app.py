@@ -2,7 +2,9 @@
 
 `start_session` goes to the least-loaded healthy backend and binds the new session's key (by
 its SHA-256) and id to that backend; every later call carrying the key (header or `/s/{key}/`
-path) or naming the id (`/sessions/{id}/`, or `session_id` in an admin body) goes to it.
+path) or naming the id (`/sessions/{id}/`, or `session_id` in an admin body) goes to it. The
+session URLs a gateway hands out (`start_session`'s and `child_session`'s `base_url`) are
+rewritten to the router's own address, so agents never reach around it.
 Completions are relayed byte for byte (streams chunk by chunk, as they arrive). Admin routes
 that concern every backend fan out (`/rl/sessions`, `/rl/v1/set_version`, `/grant_capacity`,
 `/rl/v1/status`: counts summed, sections it cannot add up taken from the first backend). Keys
@@ -65,6 +67,7 @@ _DROP = _HOP | _OWN
 _NOT_FORWARDED = _HOP | {b"expect"}  # the body is read whole before it is forwarded
 _KEYS = (b"authorization", b"x-api-key")
 _START = frozenset({"/rl/start_session", "/rl/v1/start_session"})
+_CHILD = "/rl/v1/child_session"
 _BY_ID_BODY = frozenset({"/export_trajectories", "/rl/ack_export", "/rl/abort_session"})
 _FAN_SUM = {"/grant_capacity": "capacity"}
 _UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)
@@ -510,6 +513,30 @@ class Router:
             return refused.response()
         raise _unavailable("no gateway is available to start a session")
 
+    async def child_session(self, call: _Call, caller: Caller, body: bytes,
+                            path_key: str | None) -> Answer:
+        """A sub-agent's URL from the session's gateway, pointed at the router: the path the
+        gateway gave (from the session key on) under the router's own base URL."""
+        answer: Answer
+        if caller.owner is not None:
+            answer = await self.relay(caller.owner, call, caller, body)
+        else:  # a key the router has not bound (a session started elsewhere), or none
+            answer = await self.probe(caller.scope, call, caller, body, frozenset({401}))
+        key = call.key(path_key)
+        if not isinstance(answer, _Whole) or answer.status != 200 or not key:
+            return answer
+        try:
+            data = json.loads(answer.body)
+        except ValueError:
+            return answer
+        url = data.get("base_url") if isinstance(data, dict) else None
+        path = urlsplit(url).path if isinstance(url, str) else ""
+        start = path.find(f"/s/{key}/")  # the gateway's own root, if any, goes before it
+        if start < 0:
+            return answer
+        data["base_url"] = str(call.request().base_url).rstrip("/") + path[start:]
+        return JSONResponse(data)
+
     async def fan_out(self, call: _Call, caller: Caller,
                       body: bytes) -> tuple[list[tuple[Backend, Any]], Answer | None, int]:
         """Send to every healthy backend of the caller's scope: answers, the first failure, and
@@ -648,6 +675,8 @@ class Router:
         body = await self.read_body(call, receive)
         if path in _START:
             return await self.start_session(call, caller, body)
+        if path.endswith(_CHILD) and path in (_CHILD, f"/s/{path_key}{_CHILD}"):
+            return await self.child_session(call, caller, body, path_key)
         if caller.owner is not None and not path.startswith("/sessions/"):
             return await self.relay(caller.owner, call, caller, body)
         if path == "/rl/v1/status":
