@@ -178,13 +178,14 @@ def test_the_engine_package_imports_without_torch_or_transformers() -> None:
     assert out.stdout.split() == ["False", "False"]
 
 
-async def test_the_fake_serves_thousands_of_requests_per_second(model_dir: str) -> None:
+async def test_thousands_of_concurrent_requests_each_get_the_whole_reply(model_dir: str) -> None:
+    # the gateway benchmarks drive the fake this hard; how fast it is lives in benchmarks/
     engine = FakeEngine(["The result is 42."], tokenizer_path=model_dir)
-    n = 2000
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    await asyncio.gather(*(engine.generate(request()) for _ in range(n)))
-    assert n / (loop.time() - start) > 1000  # ~30k/s when the machine is idle
+    one = await engine.generate(request())
+    outs = await asyncio.gather(*(engine.generate(request()) for _ in range(2000)))
+    assert one.output_ids and all(
+        (o.output_ids, o.logprobs, o.finish_reason) == (one.output_ids, one.logprobs,
+                                                        one.finish_reason) for o in outs)
 
 
 @pytest.mark.parametrize(("prompt", "stops", "bad"), [
