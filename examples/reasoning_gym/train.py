@@ -47,7 +47,8 @@ def main(argv: list[str]) -> None:
     print(result.summary())
     rates = format_rates(cfg.run_dir, **answer_rule(cfg))
     if rates:
-        print("held-out format compliance (an answer found in the reply): before RL "
+        print("held-out format compliance (the reply ended within max_tokens and holds an "
+              "answer): before RL "
               f"{rates.get('before', float('nan')):.3f} -> after RL "
               f"{rates.get('after', float('nan')):.3f}; exactly right (score 1.0) "
               f"{rates.get('full_before', float('nan')):.3f} -> "
@@ -56,6 +57,8 @@ def main(argv: list[str]) -> None:
 
 
 SPECIAL = re.compile(r"<\|[^|]*\|>")
+ENDED = re.compile(r"<\|[^|]*\|>\s*$")
+"""A dumped completion that ends with the end-of-turn token: the reply was not cut off."""
 
 
 def answer_rule(cfg: RelayConfig) -> dict[str, Any]:
@@ -67,20 +70,21 @@ def answer_rule(cfg: RelayConfig) -> dict[str, Any]:
 
 def format_rates(run_dir: Path, answer_tag: str | None = "answer",
                  answer_pattern: str | None = None) -> dict[str, float]:
-    """Shares of the held-out greedy replies, first and last eval dumped, in which the agent's
-    rule finds an answer (`before`, `after`) and that scored full marks (`full_before`,
-    `full_after`)."""
+    """Shares of the held-out greedy replies, first and last eval dumped, that ended within
+    max_tokens with an answer the agent's rule finds (`before`, `after`: format compliance) and
+    that scored full marks (`full_before`, `full_after`)."""
     root = run_dir / "eval-rollout"
     versions = sorted(int(d.name) for d in root.glob("*") if d.name.isdigit())
     out: dict[str, float] = {}
     for key, version in (("before", versions[:1]), ("after", versions[-1:])):
         records = [json.loads(x) for v in version for f in (root / str(v)).glob("*.jsonl")
                    for x in f.read_text().splitlines() if x.strip()]
-        texts = [SPECIAL.sub("", str(r.get("completion", ""))).strip() for r in records]
-        if texts:
-            out[key] = sum(extract_answer(t, answer_tag, answer_pattern) is not None
-                           for t in texts) / len(texts)
-            out[f"full_{key}"] = sum(float(r.get("reward") or 0) >= 1 for r in records) / len(texts)
+        raw = [str(r.get("completion", "")) for r in records]
+        if raw:
+            out[key] = sum(bool(ENDED.search(t)) and extract_answer(
+                SPECIAL.sub("", t).strip(), answer_tag, answer_pattern) is not None
+                for t in raw) / len(raw)
+            out[f"full_{key}"] = sum(float(r.get("reward") or 0) >= 1 for r in records) / len(raw)
     return out
 
 

@@ -88,14 +88,16 @@ def test_the_format_rate_counts_answers_found_in_the_dumped_held_out_replies(
     spec.loader.exec_module(job)
     format_rates = job.format_rates
     assert format_rates(tmp_path) == {}  # no eval dumped: nothing to report
-    replies = {0: [("1 + 5 = 6", 1.0), ("1 + 5 = 7", 0.0), ("To add them<|im_end|>", 0.0)],
-               3: [("6", 1.0), (" 14", 0.0), ("-2.5", 0.0)]}
+    # before: an equation, a wrong one, a sentence cut off at max_tokens (no end token)
+    replies = {0: [("1 + 5 = 6<|im_end|>", 1.0), ("1 + 5 = 7<|im_end|>", 0.0),
+                   ("To add 1 and 5, we", 0.0)],
+               3: [("6<|im_end|>", 1.0), (" 14<|im_end|>", 0.0), ("-2.5<|im_end|>", 0.0)]}
     for version, texts in replies.items():
         folder = tmp_path / "eval-rollout" / str(version)
         folder.mkdir(parents=True)
         (folder / "t.jsonl").write_text("".join(
             json.dumps({"completion": t, "reward": r}) + "\n" for t, r in texts))
-    # the example's rule: the last number in the reply is the answer
+    # the example's rule: the last number in the reply is the answer; a cut reply does not count
     rates = format_rates(tmp_path, answer_tag=None, answer_pattern=LAST_NUMBER)
     assert rates == {"before": pytest.approx(2 / 3), "after": 1.0,
                      "full_before": pytest.approx(1 / 3), "full_after": pytest.approx(1 / 3)}
