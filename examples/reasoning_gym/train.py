@@ -21,10 +21,12 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
 from relayrl.config import RelayConfig, load_config  # noqa: E402
+from relayrl.envs.reasoning_gym import extract_answer  # noqa: E402
 from relayrl.launch import keep_freed_heap, train  # noqa: E402
 from relayrl.train.trainer import load_dataset  # noqa: E402
 
@@ -43,9 +45,10 @@ def main(argv: list[str]) -> None:
                    workflow=cfg.workflow, workflow_kwargs=cfg.workflow_kwargs,
                    eval_workflow_kwargs=cfg.eval.workflow_kwargs or None)
     print(result.summary())
-    rates = format_rates(cfg.run_dir)
+    rates = format_rates(cfg.run_dir, **answer_rule(cfg))
     if rates:
-        print("held-out format compliance (the reply is the bare answer): before RL "
+        print("held-out format compliance (the reply ended within max_tokens and holds an "
+              "answer): before RL "
               f"{rates.get('before', float('nan')):.3f} -> after RL "
               f"{rates.get('after', float('nan')):.3f}; exactly right (score 1.0) "
               f"{rates.get('full_before', float('nan')):.3f} -> "
@@ -53,28 +56,39 @@ def main(argv: list[str]) -> None:
     print(f"total wall time {(time.perf_counter() - started) / 60:.1f} min")
 
 
-BARE_ANSWER = re.compile(r"-?\d+(\.\d+)?")
-"""A reply that is only a number: the form `score_answer` gives full marks to."""
 SPECIAL = re.compile(r"<\|[^|]*\|>")
+ENDED = re.compile(r"<\|[^|]*\|>\s*$")
+"""A dumped completion that ends with the end-of-turn token: the reply was not cut off."""
 
 
-def format_rates(run_dir: Path) -> dict[str, float]:
-    """Shares of the held-out greedy replies, first and last eval dumped, that are a bare answer
-    (`before`, `after`) and that scored full marks (`full_before`, `full_after`)."""
+def answer_rule(cfg: RelayConfig) -> dict[str, Any]:
+    """How the held-out episodes find the answer in a reply: the agent's answer_tag/pattern."""
+    kwargs = {**(cfg.workflow_kwargs or {}), **(cfg.eval.workflow_kwargs or {})}
+    return {"answer_tag": kwargs.get("answer_tag", "answer"),
+            "answer_pattern": kwargs.get("answer_pattern")}
+
+
+def format_rates(run_dir: Path, answer_tag: str | None = "answer",
+                 answer_pattern: str | None = None) -> dict[str, float]:
+    """Shares of the held-out greedy replies, first and last eval dumped, that ended within
+    max_tokens with an answer the agent's rule finds (`before`, `after`: format compliance) and
+    that scored full marks (`full_before`, `full_after`)."""
     root = run_dir / "eval-rollout"
     versions = sorted(int(d.name) for d in root.glob("*") if d.name.isdigit())
     out: dict[str, float] = {}
     for key, version in (("before", versions[:1]), ("after", versions[-1:])):
         records = [json.loads(x) for v in version for f in (root / str(v)).glob("*.jsonl")
                    for x in f.read_text().splitlines() if x.strip()]
-        texts = [SPECIAL.sub("", str(r.get("completion", ""))).strip() for r in records]
-        if texts:
-            out[key] = sum(bool(BARE_ANSWER.fullmatch(t)) for t in texts) / len(texts)
-            out[f"full_{key}"] = sum(float(r.get("reward") or 0) >= 1 for r in records) / len(texts)
+        raw = [str(r.get("completion", "")) for r in records]
+        if raw:
+            out[key] = sum(bool(ENDED.search(t)) and extract_answer(
+                SPECIAL.sub("", t).strip(), answer_tag, answer_pattern) is not None
+                for t in raw) / len(raw)
+            out[f"full_{key}"] = sum(float(r.get("reward") or 0) >= 1 for r in records) / len(raw)
     return out
 
 
-def read_run(metrics: Path) -> dict[str, float]:
+def read_run(metrics: Path, rule: dict[str, Any]) -> dict[str, float]:
     """A finished run's held-out rewards from its metrics.jsonl (the last record holds them)."""
     if not metrics.is_file():
         return {}
@@ -83,7 +97,7 @@ def read_run(metrics: Path) -> dict[str, float]:
     out = {k.removeprefix("eval_reward_"): float(final[k])
            for k in ("eval_reward_before", "eval_reward_after") if k in final}
     out["steps"] = sum("loss" in r for r in records)
-    out.update({f"format_{k}": v for k, v in format_rates(metrics.parent.parent).items()})
+    out.update({f"format_{k}": v for k, v in format_rates(metrics.parent.parent, **rule).items()})
     return out
 
 
@@ -93,9 +107,10 @@ def seeds(argv: list[str]) -> bool:
                  for s in a.removeprefix("seed=").split(",") if s.strip()]
     rest = [a for a in argv if not a.startswith("seed=")]
     cfg = load_config(RelayConfig, HERE / "config.yaml", rest)
-    lines = ["| seed | before RL | after RL | lift | bare-answer replies before -> after | steps "
-             "| wall min | load avg (1/5/15 min) at start; at end | exit |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| seed | before RL | after RL | lift | exactly right before -> after "
+             "| answer found before -> after | steps | wall min "
+             "| load avg (1/5/15 min) at start; at end | exit |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     lifts: list[float] = []
     ok = True
     for seed in seed_list:
@@ -107,7 +122,8 @@ def seeds(argv: list[str]) -> bool:
                                f"trial_name={trial}"], env=os.environ.copy(), check=False)
         wall = (time.perf_counter() - started) / 60
         load += "; " + " / ".join(f"{x:.1f}" for x in os.getloadavg())
-        r = read_run(Path(cfg.fileroot) / cfg.experiment_name / trial / "logs" / "metrics.jsonl")
+        r = read_run(Path(cfg.fileroot) / cfg.experiment_name / trial / "logs" / "metrics.jsonl",
+                     answer_rule(cfg))
         lift = r["after"] - r["before"] if {"before", "after"} <= r.keys() else None
         if lift is not None:
             lifts.append(lift)
@@ -115,6 +131,8 @@ def seeds(argv: list[str]) -> bool:
         lines.append(f"| {seed} | {r.get('before', float('nan')):.3f} | "
                      f"{r.get('after', float('nan')):.3f} | "
                      f"{'n/a' if lift is None else f'{lift:+.3f}'} | "
+                     f"{r.get('format_full_before', float('nan')):.2f} -> "
+                     f"{r.get('format_full_after', float('nan')):.2f} | "
                      f"{r.get('format_before', float('nan')):.2f} -> "
                      f"{r.get('format_after', float('nan')):.2f} | {int(r.get('steps', 0))} | "
                      f"{wall:.1f} | {load} | {proc.returncode} |")

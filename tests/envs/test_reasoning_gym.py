@@ -146,3 +146,28 @@ async def test_a_group_plays_one_level_and_held_out_episodes_keep_the_items_sett
     with episode_scope(episode_ctx(0, group="g3", is_eval=True)):
         held_out = agent.question(item)
     assert held_out.level is None and held_out.entry["question"] == item["question"]
+
+
+def test_an_answer_pattern_takes_its_last_match_before_any_tag() -> None:
+    assert rgenv.extract_answer("4 + 2 = 6.", pattern=rgenv.LAST_NUMBER) == "6"
+    assert rgenv.extract_answer("<answer>7</answer> so 3 - 5 = -2", pattern=rgenv.LAST_NUMBER) == "-2"
+    assert rgenv.extract_answer("no digits here", pattern=rgenv.LAST_NUMBER) is None
+    assert rgenv.extract_answer("it is 4, it is 12 apples", pattern=r"it is (\d+)") == "12"
+    with pytest.raises(ConfigError, match="not a regular expression"):
+        rgenv.ReasoningGymAgent(answer_pattern="(\\d+")
+
+
+async def test_with_an_answer_pattern_the_last_number_is_scored_exactly(gw, client) -> None:
+    item = rgenv.make_items("basic_arithmetic", size=1, seed=1, config=ADD)[0]
+    answer = int(item["answer"])
+    workflow = resolve_workflow(AGENT, {"answer_pattern": rgenv.LAST_NUMBER,
+                                        "system_prompt": None}, group_size=3, gateway=client)
+    gw.script.replies.extend([f"{item['question'][10:-1]} = {answer}.",
+                              f"It is {answer + 1}", "I cannot say"])
+    out = await run_episode(workflow, None, item, _ctx())
+    assert out.status == EpisodeStatus.FINISHED, out.error
+    # score_answer of the extracted number: the sum itself 1.0, another number 0, none 0
+    assert sorted(out.rows.rows[i].reward for i in range(3)) == [0.0, 0.0, 1.0]
+    counters = workflow.counters()
+    assert counters["answer_rate"] == pytest.approx(2 / 3)
+    assert counters["full_score_rate"] == pytest.approx(1 / 3)

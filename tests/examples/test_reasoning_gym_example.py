@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from relayrl.config import RelayConfig, load_config
+from relayrl.envs.reasoning_gym import LAST_NUMBER
 from relayrl.train.trainer import load_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +79,7 @@ def test_two_grpo_steps_on_reasoning_gym_scored_by_its_own_scorer(tmp_path: Path
     assert (run / "logs" / "reward_loss.png").stat().st_size > 1000
 
 
-def test_the_format_rate_counts_bare_answers_in_the_dumped_held_out_replies(
+def test_the_format_rate_counts_answers_found_in_the_dumped_held_out_replies(
         tmp_path: Path) -> None:
     # by path under its own name: other examples have a train.py too
     spec = importlib.util.spec_from_file_location("reasoning_gym_train", HERE / "train.py")
@@ -87,13 +88,16 @@ def test_the_format_rate_counts_bare_answers_in_the_dumped_held_out_replies(
     spec.loader.exec_module(job)
     format_rates = job.format_rates
     assert format_rates(tmp_path) == {}  # no eval dumped: nothing to report
-    replies = {0: [("1 + 5 = 6", 1 / 9), ("6<|im_end|>", 1.0), ("The answer is 14.", 2 / 17)],
-               3: [("6", 1.0), (" 14", 0.0), ("-2.5", 0.0)]}
+    # before: an equation, a wrong one, a sentence cut off at max_tokens (no end token)
+    replies = {0: [("1 + 5 = 6<|im_end|>", 1.0), ("1 + 5 = 7<|im_end|>", 0.0),
+                   ("To add 1 and 5, we", 0.0)],
+               3: [("6<|im_end|>", 1.0), (" 14<|im_end|>", 0.0), ("-2.5<|im_end|>", 0.0)]}
     for version, texts in replies.items():
         folder = tmp_path / "eval-rollout" / str(version)
         folder.mkdir(parents=True)
         (folder / "t.jsonl").write_text("".join(
             json.dumps({"completion": t, "reward": r}) + "\n" for t, r in texts))
-    rates = format_rates(tmp_path)
-    assert rates == {"before": pytest.approx(1 / 3), "after": 1.0,
+    # the example's rule: the last number in the reply is the answer; a cut reply does not count
+    rates = format_rates(tmp_path, answer_tag=None, answer_pattern=LAST_NUMBER)
+    assert rates == {"before": pytest.approx(2 / 3), "after": 1.0,
                      "full_before": pytest.approx(1 / 3), "full_after": pytest.approx(1 / 3)}

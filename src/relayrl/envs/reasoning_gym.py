@@ -13,7 +13,8 @@ accepted too. `python -m relayrl.envs.reasoning_gym` writes items to JSONL for `
 `ReasoningGymAgent` is an ordinary agent: it asks the policy the question through the episode's
 session URL with the OpenAI SDK (a system prompt from reasoning-gym's own set, the question as
 the user message), takes the text inside the last `<answer>...</answer>` (reasoning-gym's
-convention; `answer_tag=None` scores the whole reply) and returns the dataset's own score. With
+convention; `answer_tag=None` scores the whole reply; `answer_pattern=REGEX` takes the last match
+of REGEX instead, e.g. the last number) and returns the dataset's own score. With
 `curriculum=...` training episodes follow the dataset's reasoning-gym curriculum: the level goes up
 when the recent training episodes score well and down when they score badly; every episode of a
 group gets the same level; held-out episodes keep the item's own settings.
@@ -27,6 +28,7 @@ import argparse
 import difflib
 import json
 import os
+import re
 import sys
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
@@ -127,8 +129,31 @@ def write_items(path: str | Path, items: Sequence[Mapping[str, Any]]) -> Path:
     return path
 
 
-def extract_answer(reply: str, tag: str | None = "answer") -> str | None:
-    """reasoning-gym's answer extraction (the last `<tag>...</tag>`), or the whole reply."""
+LAST_NUMBER = r"-?\d+(?:\.\d+)?"
+"""An `answer_pattern` for numeric answers: the last number in the reply (`7 + 8 = 15.` -> 15)."""
+
+
+def answer_regex(pattern: str | None) -> re.Pattern[str] | None:
+    """`pattern` compiled (None stays None); ConfigError for a regex that does not compile."""
+    if not pattern:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise ConfigError(f"answer_pattern {pattern!r} is not a regular expression: {e}") from e
+
+
+def extract_answer(reply: str, tag: str | None = "answer",
+                   pattern: str | re.Pattern[str] | None = None) -> str | None:
+    """The answer in `reply`: the last match of `pattern` (its first group if it has one) when
+    given, else reasoning-gym's extraction (the last `<tag>...</tag>`), else the whole reply."""
+    regex = answer_regex(pattern) if isinstance(pattern, str) else pattern
+    if regex is not None:
+        found = list(regex.finditer(reply))
+        if not found:
+            return None
+        text = found[-1].group(1 if regex.groups else 0) or ""
+        return text.strip() or None
     if tag is None:
         return reply.strip() or None
     require()
@@ -238,6 +263,7 @@ class ReasoningGymAgent:
 
     def __init__(self, model: str = "default", max_tokens: int = 256, temperature: float = 1.0,
                  system_prompt: str | None = "default", answer_tag: str | None = "answer",
+                 answer_pattern: str | None = None,
                  curriculum: Mapping[str, Any] | None = None,
                  score_timeout_s: float = 15.0) -> None:
         if max_tokens < 1 or temperature < 0:
@@ -247,6 +273,8 @@ class ReasoningGymAgent:
         self.temperature = temperature
         self.system_prompt = system_prompt_text(system_prompt)
         self.answer_tag = answer_tag or None
+        self.answer_pattern = answer_pattern or None
+        answer_regex(self.answer_pattern)  # a bad regex fails here, not in every episode
         try:
             self.curriculum_settings = (CurriculumSettings(**curriculum)
                                         if curriculum is not None else None)
@@ -348,7 +376,7 @@ class ReasoningGymAgent:
             if extra_kwargs.get("http_client") is None:
                 await client.close()  # ours to close, on this loop
         reply = completion.choices[0].message.content or ""
-        answer = extract_answer(reply, self.answer_tag)
+        answer = extract_answer(reply, self.answer_tag, self.answer_pattern)
         score = await self.reward(q.dataset, answer, q.entry)
         self._count(answer is not None, score)
         if q.level is not None:
