@@ -164,7 +164,7 @@ async def test_with_an_answer_pattern_the_last_number_is_scored_exactly(gw, clie
                                         "system_prompt": None}, group_size=3, gateway=client)
     gw.script.replies.extend([f"{item['question'][10:-1]} = {answer}.",
                               f"It is {answer + 1}", "I cannot say"])
-    out = await run_episode(workflow, None, item, _ctx())
+    out = await run_episode(workflow, None, item, episode_ctx())
     assert out.status == EpisodeStatus.FINISHED, out.error
     # score_answer of the extracted number: the sum itself 1.0, another number 0, none 0
     assert sorted(out.rows.rows[i].reward for i in range(3)) == [0.0, 0.0, 1.0]
