@@ -492,7 +492,7 @@ def main(argv: list[str] | None = None) -> None:
     peak_n = 2048
     if args.smoke:
         args.model, args.rows, args.episodes, args.repeats, peak_n = (
-            harness.smoke_model(), 4, 2, 1, 256)
+            harness.smoke_model(), 2, 2, 1, 256)  # 2 rows: one group, a shared prefix
     run = harness.Run.start(NAME, args, argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

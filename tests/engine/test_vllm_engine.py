@@ -46,7 +46,9 @@ def server(model_dir: str) -> Iterator[str]:
     except EngineError as e:
         pytest.fail(f"{e}; CI runs scripts/install_vllm.sh before these tests", pytrace=False)
     try:
-        started: VLLMServer = start_vllm_server(model_dir)
+        # eager: vLLM's torch.compile warm-up is most of a CPU server's start-up, and what these
+        # tests check (tokens, logprobs, stops, aborts, weight updates) is the same without it
+        started: VLLMServer = start_vllm_server(model_dir, enforce_eager=True)
     except EngineError as e:
         pytest.fail(f"cannot start a vLLM server: {e}", pytrace=False)
     print(f"vLLM server healthy after {started.startup_s:.0f}s")
