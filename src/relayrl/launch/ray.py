@@ -316,6 +316,10 @@ def init_ray(num_cpus: int | None = None, object_store_memory: int | None = None
         # `ray.shutdown` later only disconnects: a cluster started elsewhere outlives the run
         ray.init(address=address, runtime_env={"env_vars": env})
         return True
+    # A private Ray would report usage statistics to Ray's servers: relayrl reaches nothing but
+    # loopback at run time (and where that report cannot get out, start-up waits on it). A user's
+    # own setting of the variable wins.
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1,
              object_store_memory=object_store_memory, include_dashboard=False,
              runtime_env={"env_vars": env})
