@@ -131,14 +131,15 @@ def ensure_offline() -> None:
     verifiers runs `uv sync --script` before each process's first rollout with UV_OFFLINE
     forced off; with the lock and the environment in place that step reads nothing from an
     index, and checking here first with `--offline` turns a missing piece into this error
-    instead of a download. A user who set UV_OFFLINE to a false value allows the download."""
-    if os.environ.get("UV_OFFLINE", "1").strip().lower() in ("0", "false", "no", "off"):
-        return
+    instead of a download. A user who set UV_OFFLINE to a false value allows the download.
+    Puts this venv's uv on PATH when none is there (verifiers would pip-install one)."""
     uv_dir = str(Path(_uv()).parent)
     if shutil.which("uv", path=os.pathsep.join([str(Path.home() / ".local" / "bin"),
                                                 os.environ.get("PATH", "")])) is None:
         # verifiers looks for uv on PATH and pip-installs it (a download) when it is missing
         os.environ["PATH"] = os.pathsep.join([uv_dir, os.environ.get("PATH", "")])
+    if os.environ.get("UV_OFFLINE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return
     path = _chat_script()
     if path in _OFFLINE_READY:
         return
