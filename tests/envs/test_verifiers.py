@@ -246,3 +246,42 @@ def test_several_environments_are_one_agent_and_bad_entries_are_config_errors() 
         vfenv.VerifiersAgent(envs=[{"env_id": "vf-addition", "tasks": 3}])
     with pytest.raises(ConfigError, match="listed twice"):
         vfenv.VerifiersAgent(envs=[{"env_id": "vf-addition"}, {"env_id": "vf-addition"}])
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uv offline, and every non-loopback request sent to a closed loopback port, so a download
+    fails; verifiers and the adapter forget what this process already prepared."""
+    from verifiers.v1.runtimes.subprocess import SubprocessRuntime
+
+    monkeypatch.setenv("UV_OFFLINE", "1")
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
+                 "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setattr(SubprocessRuntime, "_interpreters", {})
+    monkeypatch.setattr(vfenv, "_OFFLINE_READY", set())
+
+
+async def test_tool_and_multi_turn_episodes_run_offline_once_installed(
+        gw, client, offline) -> None:
+    # verifiers prepares its chat program with `uv sync --script` (UV_OFFLINE forced off) before
+    # the first rollout: after scripts/install_verifiers.sh that reads nothing from PyPI
+    out, _ = await _one_episode(gw, client, "vf-calculator", [
+        tool_call("multiply", {"a": 12, "b": 34}), "12 * 34 = 408"])
+    assert out.status == EpisodeStatus.FINISHED, out.error
+    assert out.rows.rows[0].reward == 1.0
+    out, _ = await _one_episode(gw, client, "vf-retry", ["It is 7", "It is 8"])
+    assert out.status == EpisodeStatus.FINISHED, out.error
+    assert out.rows.rows[0].reward == 1.0
+
+
+async def test_an_unprepared_chat_program_names_the_install_script_instead_of_downloading(
+        offline, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "empty-uv-cache"))
+    agent = vfenv.VerifiersAgent("vf-addition", taskset={"num_tasks": 1})
+    with pytest.raises(ConfigError, match=r"(?s)not prepared to run offline.*install_verifiers\.sh"):
+        await agent._serving()
+    assert not any((tmp_path / "empty-uv-cache").rglob("*.whl"))  # nothing was fetched
+    await agent.aclose()

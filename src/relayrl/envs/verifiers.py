@@ -42,15 +42,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import hashlib
 import importlib.util
+import os
 import pkgutil
+import shutil
+import subprocess
+import sys
+import sysconfig
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from relayrl.errors import ConfigError, EpisodeFailed, InvalidRequest
 
 PIP_INSTALL = "pip install 'verifiers>=0.4,<0.5'"
 """What to run when verifiers is missing (it pins openai<3: give it a venv of its own)."""
+
+INSTALL_SCRIPT = "scripts/install_verifiers.sh"
+"""What prepares verifiers' harness program once, at install time (it runs `prepare()`)."""
 
 SPEC_KEY = "verifiers"
 """The item key that names a task: env_id, taskset settings, index."""
@@ -65,6 +75,84 @@ def require() -> Any:
                           "(it needs openai<3, so in a venv without relayrl's agent "
                           "frameworks: docs/environments/verifiers.md)") from e
     return vf
+
+
+def _uv() -> str:
+    """The `uv` verifiers will run: on PATH (its own `~/.local/bin` first), else this venv's."""
+    search = os.pathsep.join([str(Path.home() / ".local" / "bin"), os.environ.get("PATH", ""),
+                              sysconfig.get_path("scripts")])
+    uv = shutil.which("uv", path=search)
+    if uv is None:
+        raise ConfigError(f"verifiers prepares its harness program with uv, which is not "
+                          f"installed: run {INSTALL_SCRIPT} (or pip install uv)")
+    return uv
+
+
+def _chat_script() -> Path:
+    """Where verifiers' subprocess runtime keeps its chat program (the `null` harness): the
+    content-addressed path it writes the PEP 723 script to, so uv finds its environment."""
+    from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE
+    from verifiers.v1.runtimes.subprocess import SubprocessRuntime
+
+    data = CHAT_PROGRAM_SOURCE.encode()
+    path = Path(SubprocessRuntime.scripts_dir) / f"{hashlib.sha256(data).hexdigest()}.py"
+    if not path.exists() or path.read_bytes() != data:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    return path
+
+
+def _run_uv(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([_uv(), *args, "--no-config", "-q"], capture_output=True, text=True,
+                          timeout=600, check=False)
+
+
+def prepare() -> Path:
+    """Install time: lock and build the environment of verifiers' chat program (fetching its
+    dependencies into uv's cache), so that episodes run it offline; the script's path."""
+    require()
+    path = _chat_script()
+    for step in (("lock", "--script", str(path)), ("sync", "--script", str(path))):
+        proc = _run_uv(*step)
+        if proc.returncode != 0:
+            raise RuntimeError(f"uv {step[0]} --script {path} failed: {proc.stderr.strip()}")
+    return path
+
+
+_OFFLINE_READY: set[Path] = set()
+
+
+def ensure_offline() -> None:
+    """Run time: ConfigError naming the install script unless verifiers' chat program is
+    prepared (locked, its environment built from uv's cache without the network).
+
+    verifiers runs `uv sync --script` before each process's first rollout with UV_OFFLINE
+    forced off; with the lock and the environment in place that step reads nothing from an
+    index, and checking here first with `--offline` turns a missing piece into this error
+    instead of a download. A user who set UV_OFFLINE to a false value allows the download.
+    Puts this venv's uv on PATH when none is there (verifiers would pip-install one)."""
+    uv_dir = str(Path(_uv()).parent)
+    if shutil.which("uv", path=os.pathsep.join([str(Path.home() / ".local" / "bin"),
+                                                os.environ.get("PATH", "")])) is None:
+        # verifiers looks for uv on PATH and pip-installs it (a download) when it is missing
+        os.environ["PATH"] = os.pathsep.join([uv_dir, os.environ.get("PATH", "")])
+    if os.environ.get("UV_OFFLINE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return
+    path = _chat_script()
+    if path in _OFFLINE_READY:
+        return
+    why = "" if Path(f"{path}.lock").exists() else f"no lock file {path}.lock"
+    if not why:
+        proc = _run_uv("sync", "--script", str(path), "--offline")
+        why = "" if proc.returncode == 0 else proc.stderr.strip()[-1500:]
+    if why:
+        raise ConfigError(f"verifiers' chat program is not prepared to run offline ({why}); "
+                          f"run {INSTALL_SCRIPT} (or `python -m relayrl.envs.verifiers "
+                          "--prepare`) once, with the network, to fetch its dependencies "
+                          "(or set UV_OFFLINE=0 to let uv download them now)")
+    _OFFLINE_READY.add(path)
 
 
 def _module_name(env_id: str) -> str:
@@ -229,6 +317,10 @@ class VerifiersAgent:
         async with self._lock:
             if env_id not in self._served:
                 vf = require()
+                config = self.configs[env_id]
+                if any(seat.runtime.type == "subprocess" for _, seat in config
+                       if isinstance(seat, vf.AgentConfig)):
+                    ensure_offline()  # the harness program runs here: from uv's cache
                 env = vf.load_environment(self.configs[env_id])
                 if self._stack is None:
                     self._stack = contextlib.AsyncExitStack()
@@ -250,8 +342,6 @@ class VerifiersAgent:
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         """One verifiers rollout of the task `data` names; the episode's reward."""
-        import os
-
         spec = data.get(SPEC_KEY)
         if not isinstance(spec, Mapping) or "index" not in spec:
             raise InvalidRequest(f"a verifiers item needs {SPEC_KEY!r} with an index (from "
@@ -316,3 +406,9 @@ def _client_url(trace: Any) -> str | None:
     client = getattr(trace.agent.config, "client", None)
     url = getattr(client, "base_url", None)
     return url.rstrip("/") if isinstance(url, str) else None
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--prepare"]:
+        sys.exit("usage: python -m relayrl.envs.verifiers --prepare")
+    print(f"prepared verifiers' chat program offline: {prepare()}")
