@@ -320,6 +320,10 @@ def init_ray(num_cpus: int | None = None, object_store_memory: int | None = None
     # loopback at run time (and where that report cannot get out, start-up waits on it). A user's
     # own setting of the variable wins.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray's memory monitor kills a worker when the whole machine is nearly full, counting every
+    # other process's memory too: on a shared machine it killed this run's engine host while
+    # the kernel still had room. A private Ray leaves running out of memory to the kernel.
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1,
              object_store_memory=object_store_memory, include_dashboard=False,
              runtime_env={"env_vars": env})
