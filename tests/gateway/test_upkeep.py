@@ -1,14 +1,21 @@
-"""The gateway's upkeep: the durable log is compacted on its own as sessions close."""
+"""The gateway's upkeep: the durable log is compacted on its own as sessions close, and an engine
+the gateway made is closed when it shuts down."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from relayrl.engine.fake import FakeEngine
+from relayrl.errors import EngineError
+from relayrl.gateway.config import GatewayConfig
+from relayrl.gateway.server import GatewayThread, build_deps
 from relayrl.trajectory import InteractionLog
+from relayrl.types import GenerateRequest, SamplingParams
 
 from .conftest import ADMIN, fake_gateway
 
@@ -110,3 +117,23 @@ async def test_a_process_that_keeps_its_heap_for_training_does_not_trim_it(
     monkeypatch.setattr(heap, "_kept", False)
     await up.tick()
     assert up.trims == 1 and trims == [0] and cleared == ["c"]
+
+
+def _generate(engine: FakeEngine) -> None:
+    asyncio.run(engine.generate(GenerateRequest(prompt_ids=[1, 2, 3],
+                                                params=SamplingParams(max_new_tokens=2))))
+
+
+def test_an_engine_the_gateway_made_is_closed_with_it_one_passed_in_is_not(
+        model_dir: str) -> None:
+    cfg = GatewayConfig(model=model_dir, engine="fake", admin_key=ADMIN)
+    made = GatewayThread(build_deps(cfg)).start()
+    engine = made.deps.engine
+    made.stop()
+    # a leaked engine kept its model and serving thread: 1.6 GB a gateway for the 0.5B model
+    with pytest.raises(EngineError, match="closed"):
+        _generate(engine)
+    mine = FakeEngine(tokenizer_path=model_dir)
+    passed = GatewayThread(build_deps(cfg, engine=mine)).start()
+    passed.stop()
+    _generate(mine)  # still serving: its owner closes it

@@ -407,6 +407,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         task.cancel()
+        if deps.owns_engine:  # its model and serving thread go with the gateway
+            await deps.engine.aclose()
 
 
 Handler = Callable[[Request], Awaitable[Any]]

@@ -187,6 +187,9 @@ class GatewayDeps:
     """Answers kept for calls retried with an `Idempotency-Key`."""
     opens_reasoning: dict[tuple[int, ...], bool] = field(default_factory=dict)
     """Whether a prompt ending (its last 8 ids) opens reasoning (`_opens_reasoning`)."""
+    owns_engine: bool = False
+    """The engine was made for this gateway (`build_deps` without one): the app closes it when it
+    shuts down. An engine passed in stays its owner's to close (the trainer keeps using it)."""
 
     @property
     def policy_version(self) -> int:

@@ -44,6 +44,7 @@ def build_deps(config: GatewayConfig, engine=None) -> GatewayDeps:
 
     path = model_path(config.model)
     renderer = Renderer.from_pretrained(path)
+    owns_engine = engine is None
     if engine is None:
         extra = {"url": config.engine_url} if config.engine in ("vllm", "sglang") else {}
         engine = load_engine(config.engine, path, **extra)
@@ -54,7 +55,7 @@ def build_deps(config: GatewayConfig, engine=None) -> GatewayDeps:
         log.compact()  # what closed before the restart never comes back: start from a small log
         store.adopt(log.recover())
     return GatewayDeps(config=config, renderer=renderer, engine=engine, store=store, log=log,
-                       model_label=config.model_label or config.model)
+                       model_label=config.model_label or config.model, owns_engine=owns_engine)
 
 
 def default_admin_key_file(port: int) -> Path:
