@@ -12,7 +12,14 @@ give it `pytest.importorskip("torch")`. Everything else runs on every Python.
 from __future__ import annotations
 
 import ast
+import contextlib
+import ctypes
+import ctypes.util
+import gc
 import importlib.util
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +105,39 @@ def pytest_pycollect_makemodule(module_path: Any, parent: Any) -> pytest.Module 
 def model_dir() -> str:
     """Local HF directory of the default packaged model."""
     return model_path(DEFAULT_MODEL)
+
+
+def _rss_mb() -> int:
+    """This process's resident memory (MB), from /proc (0 where there is none)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _return_memory_after_module() -> Iterator[None]:
+    """After each module, hand its freed memory back to the system.
+
+    A worker runs hundreds of modules, many of which load a model or an engine; without this,
+    glibc keeps the freed heap and each of the two CI workers grew to 6-9 GB, and the whole
+    suite past what a 24 GiB machine holds.
+    """
+    yield
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+            ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    """With RELAYRL_TEST_RSS_LOG=FILE, append each test's worker and resident memory to FILE
+    (to find the tests that hold memory; docs/contributing.md)."""
+    path = os.environ.get("RELAYRL_TEST_RSS_LOG")
+    if path:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(path, "a") as f:
+            f.write(f"{worker}\t{_rss_mb()}\t{nodeid}\n")
