@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from relayrl.engine.decoder import LeanDecoder
@@ -192,3 +193,23 @@ def test_the_bf16_step_kernel_on_the_default_model_is_as_close_to_fp32_as_op_by_
     agree = (ours.argmax(-1) == reference.argmax(-1)).float().mean()
     assert agree >= (theirs.argmax(-1) == reference.argmax(-1)).float().mean() - 0.1
     assert not torch.equal(theirs, ours)  # the kernel did run: its sums differ in order
+
+
+@pytest.mark.parametrize("kv", [2, 14])
+def test_a_chunk_after_a_prefix_attends_as_through_one_causal_mask(kv: int) -> None:
+    from relayrl.engine.decoder import _FLASH_CPU, _attend_after_prefix
+
+    if _FLASH_CPU is None:
+        pytest.skip("this torch has no CPU flash attention op")
+    gen = torch.Generator().manual_seed(0)
+    heads, dim, start, t = 14, 64, 300, 77
+    q = torch.randn(1, heads, t, dim, generator=gen).to(torch.bfloat16)
+    k = torch.randn(1, kv, start + t, dim, generator=gen).to(torch.bfloat16)
+    v = torch.randn(1, kv, start + t, dim, generator=gen).to(torch.bfloat16)
+    see = torch.arange(start + t)[None, :] <= torch.arange(start, start + t)[:, None]
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=see,
+                                          scale=0.125, enable_gqa=kv != heads)
+    got = _attend_after_prefix(q, k, v, start, 0.125)
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    # outputs up to ~0.5: bf16 rounding is ~2e-3 (leaving out the chunk's own columns: 0.3)
+    assert (got.float() - want).abs().max().item() < 8e-3
