@@ -128,7 +128,9 @@ class GatewayThread(ServerThread):
     """A gateway served by uvicorn on a loopback port in a background thread.
 
     For tests, examples and the trainer, which run agents against a real HTTP server in-process.
-    `with GatewayThread(deps) as gw: gw.url` (port 0 picks a free port).
+    `with GatewayThread(deps) as gw: gw.url` (port 0 picks a free port). When it stops, an engine
+    that `build_deps` made for it is closed with it; one passed to `build_deps` is left open for
+    its owner.
     """
 
     def __init__(self, deps: GatewayDeps, host: str = "127.0.0.1", port: int = 0) -> None:
