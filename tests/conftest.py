@@ -12,19 +12,16 @@ give it `pytest.importorskip("torch")`. Everything else runs on every Python.
 from __future__ import annotations
 
 import ast
-import contextlib
-import ctypes
-import ctypes.util
 import gc
 import importlib.util
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from relayrl.heap import MALLOC_TRIM
 from relayrl.models import DEFAULT_MODEL, model_path
 
 # `gw`, `client`: a fake-engine gateway and its admin client, for the tests that run episodes
@@ -128,9 +125,8 @@ def _return_memory_after_module() -> Iterator[None]:
     """
     yield
     gc.collect()
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
-            ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    if MALLOC_TRIM is not None:  # None where the C library is not glibc
+        MALLOC_TRIM(0)
 
 
 def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
