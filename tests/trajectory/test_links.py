@@ -1,9 +1,10 @@
 """Compaction and sub-agent segments: detection rules, links, credit and rows.
 
 The request shapes are the ones the CLIs send, taken from their source (the texts are the
-installed Codex 0.171.0 and Claude Code 2.1.197 binaries' own): Codex's compact prompt and summary
-prefix, Claude Code's summarisation request (another system prompt) and its continuation message,
-Claude Code's `Agent` tool and Codex's `spawn_agent`.
+installed Codex 0.171.0, Claude Code 2.1.197 and opencode 1.18.33 binaries' own): Codex's compact
+prompt and summary prefix, Claude Code's summarisation request (another system prompt) and its
+continuation message, opencode's transcript-in-one-message request and the summary it re-sends as
+an answer, Claude Code's `Agent` tool and Codex's `spawn_agent`.
 """
 
 from __future__ import annotations
@@ -139,6 +140,58 @@ def test_claude_code_summary_request_and_continuation_are_linked() -> None:
     cont = _call(s, [sys_msg("You are a coding agent."), user(cont_msg)], "Fixed.")
     assert (cont.branch_reason, cont.parent_id) == (BranchReason.COMPACTION, writer.id)
     assert cont.metadata["link_rule"] == "summary_prefix:claude_code"
+
+
+OPENCODE_ASK = dict(SUMMARY_REQUEST_MARKERS)["opencode"]
+OPENCODE_AGAIN = SUMMARY_REQUEST_MARKERS[-1][1]
+
+
+def _opencode_request(transcript: str, prior: str | None = None) -> list[Message]:
+    """opencode's compaction call: its summarisation agent's prompt, the history as text."""
+    text = f"Here is the conversation so far:\n\n<conversation>\n{transcript}\n</conversation>\n\n"
+    text += (OPENCODE_ASK + " so another coding agent can continue the work." if prior is None
+             else f"<prior-summary>\n{prior}\n</prior-summary>\n\n{OPENCODE_AGAIN}")
+    return [sys_msg("You are a context summarization agent."), user(text)]
+
+
+def test_opencode_summary_request_and_continuation_are_linked() -> None:
+    s = Session("s")
+    _, last = _work(s)
+    # the turns before the kept tail, written out as text: the first user turn is quoted
+    writer = _call(s, _opencode_request("[User]: fix the failing parser test"), SUMMARY)
+    assert writer.metadata["compaction"] == "summary_request:opencode"
+    assert (writer.branch_reason, writer.parent_id) == (BranchReason.COMPACTION, last.id)
+    assert writer.metadata["link_rule"] == "summary_request:opencode"
+    # the compacted history: the summary is the assistant's answer to "What did we do so far?"
+    cont = _call(s, [sys_msg("You are a coding agent."), user("What did we do so far?"),
+                     assistant(SUMMARY), user("Continue if you have next steps.")], "Fixed.")
+    assert (cont.branch_reason, cont.parent_id) == (BranchReason.COMPACTION, writer.id)
+    assert cont.metadata["link_rule"] == "copied_reply"
+    # a later compaction carries the earlier summary as <prior-summary>: marked and linked too
+    again = _call(s, _opencode_request("[User]: What did we do so far?\n[Assistant]: Fixed.",
+                                       prior=SUMMARY), SUMMARY + "\nThe test passes now.")
+    assert again.metadata["compaction"] == "summary_request:opencode"
+    assert (again.branch_reason, again.parent_id) == (BranchReason.COMPACTION, cont.id)
+
+
+def test_opencode_summary_request_finds_the_call_by_its_quoted_tool_call() -> None:
+    s = Session("s")
+    _call(s, [user("list the files here")], "",
+          tool_calls=[ToolCall("c1", "bash", '{"command": "ls -la", "description": "list"}')])
+    other = _call(s, [user("an unrelated conversation")], "Nothing to do here.")
+    transcript = ('[Assistant tool call]: bash({"command":"ls -la","description":"list"})\n'
+                  "[Tool result]: a.txt")
+    writer = _call(s, _opencode_request(transcript), SUMMARY)
+    assert writer.branch_reason == BranchReason.COMPACTION
+    assert writer.parent_id == s.interactions[0].id != other.id
+
+
+def test_an_answer_copying_a_reply_that_was_not_a_summary_is_not_compaction() -> None:
+    s = Session("s")
+    c = _call(s, [user("plan the work")], "Step one: read the parser module carefully.")
+    other = _call(s, [user("What was the plan?"),
+                      assistant("Step one: read the parser module carefully."), user("go")], "ok")
+    assert other.branch_reason == BranchReason.HISTORY_EDITED and other.parent_id != c.id
 
 
 def test_a_handoff_without_a_summary_mark_is_not_compaction() -> None:

@@ -12,8 +12,9 @@ credit flows along the link and the viewer and the ATIF export can show it:
   sub-agent tool call (Claude Code's `Agent`/`Task`, Codex's `spawn_agent`). The spawning call is
   the parent.
 
-Detection, in order (the first that applies wins; the rule's name is recorded on the call as
-`metadata["link_rule"]` and on the segment as `Segment.link_rule`):
+Detection, in this order but for rule 4, which is tried first (a later summarisation request
+also holds the earlier summary); the first that applies wins, and the rule's name is recorded on
+the call as `metadata["link_rule"]` and on the segment as `Segment.link_rule`:
 
 1. An explicit signal: the `X-RelayRL-Link` header (`compaction` or `subagent`, optionally
    `; parent=<interaction id>`), the same in the body's `metadata` (`relayrl_link`,
@@ -22,16 +23,20 @@ Detection, in order (the first that applies wins; the rule's name is recorded on
    child session, which its `task` tool opens: sub-agent). Without a named parent, the call
    whose sub-agent tool call holds the new conversation's prompt (rule 3), else the session's
    last recorded call.
-2. Copied summary: a non-assistant message holds at least half of the substantial lines of the
-   reply of a stored call that was a summarisation request (rule `copied_reply`), or of any
-   stored call when the message holds a CLI's continuation prefix (rule
+2. Copied summary: a message holds at least half of the substantial lines of the reply of a
+   stored call that was a summarisation request (rule `copied_reply`; opencode re-sends its
+   summary as the assistant's answer to "What did we do so far?", the others as input), or a
+   non-assistant message does so for any stored call and holds a CLI's continuation prefix (rule
    `summary_prefix:codex` / `summary_prefix:claude_code`). The most recent such call is the
    parent. (A reply handed to another agent without either mark is a handoff, not a summary.)
 3. Sub-agent tool call: a user message before the first assistant turn holds the prompt argument
    of a sub-agent tool call in a stored call's reply (rule `tool:<name>`).
 4. A summarisation request that re-renders the history under another system prompt (Claude
    Code's compaction call): linked to the stored call whose non-system messages + reply are the
-   longest prefix of its own (rule `summary_request:<which>`).
+   longest prefix of its own (rule `summary_request:<which>`). One that writes the history out as
+   text in a single message (opencode's): linked to the most recent stored call the text quotes
+   (its reply's substantial lines, a tool call as `name({compact JSON arguments})`, or its first
+   user turn as `[User]: ...`).
 
 A call recognised as a summarisation request (rule 4's markers) is marked
 `metadata["compaction"] = "summary_request:<which>"` wherever it lands, so exports and the viewer
@@ -82,11 +87,18 @@ _CODEX_SUBAGENT_VALUES = {"collab_spawn": BranchReason.SUBAGENT, "compact": Bran
 # - Claude Code (2.1.197 `cli.js`, its compact prompt builder): "Your task is to create a detailed
 #   summary of the conversation so far" (full compaction) and "... of the RECENT portion of the
 #   conversation" (partial compaction).
+# - opencode (1.18.33 binary, its compaction agent): the history written out inside
+#   `<conversation>` tags, then "Create a new anchored summary ..." (first compaction) or, with the
+#   previous summary in `<prior-summary>` tags, "The <prior-summary> summarizes ..." (later ones).
 SUMMARY_REQUEST_MARKERS: tuple[tuple[str, str], ...] = (
     ("codex", "You are performing a CONTEXT CHECKPOINT COMPACTION."),
     ("claude_code", "Your task is to create a detailed summary of the conversation so far"),
     ("claude_code", "Your task is to create a detailed summary of the RECENT portion of the "
                     "conversation"),
+    ("opencode", "Create a new anchored summary from the conversation history in the "
+                 "<conversation> tags above"),
+    ("opencode", "The <prior-summary> summarizes everything that happened before the "
+                 "<conversation>."),
 )
 """(which, sentence): a message holding the sentence makes the call a summarisation request."""
 
@@ -219,13 +231,15 @@ def _prefix_rule(message: Message) -> str:
 
 def _copied_summary(calls: Sequence[Interaction], conv: Conversation) -> Link | None:
     inputs = [m for m in conv.messages if m.role != "assistant" and m.content]
-    if not inputs:
+    # opencode puts its summary back as the assistant's answer to "What did we do so far?"
+    answers = [m for m in conv.messages if m.role == "assistant" and m.content]
+    if not inputs and not answers:
         return None
     prefixed = [m for m in inputs if _prefix_rule(m) != "copied_reply"]
     for c in reversed(calls):  # the most recent writer: a later summary supersedes an earlier
-        # a reply re-sent as input is a summary only when its call was asked for one, or the
+        # a reply re-sent is a summary only when its call was asked for one, or the (input)
         # message carries a CLI's summary prefix: a handoff between agents is not a compaction
-        candidates = inputs if COMPACTION_KEY in c.metadata else prefixed
+        candidates = [*inputs, *answers] if COMPACTION_KEY in c.metadata else prefixed
         for m in candidates:
             if copied_in(c, m.content):
                 return Link(BranchReason.COMPACTION, c, _prefix_rule(m))
@@ -279,6 +293,32 @@ def _summarised_call(calls: Sequence[Interaction], conv: Conversation) -> Intera
     return best
 
 
+def _compact_json(arguments: str) -> str:
+    """Tool-call arguments as JavaScript's `JSON.stringify` writes them (opencode's transcript)."""
+    try:
+        return json.dumps(json.loads(arguments), separators=(",", ":"), ensure_ascii=False)
+    except ValueError:
+        return arguments
+
+
+def _quoted(c: Interaction, text: str) -> bool:
+    """Whether `text`, a history written out as opencode writes it, quotes `c`: its reply's
+    lines, one of its tool calls (`[Assistant tool call]: name({...})`), or its first user turn
+    (`[User]: ...`; the turns kept verbatim after a summary are left out of the text)."""
+    if copied_in(c, text):
+        return True
+    if any(f"{tc.name}({_compact_json(tc.arguments)})" in text for tc in c.reply.tool_calls):
+        return True
+    first = next((m.content for m in c.conversation.messages if m.role == "user"), "")
+    return len(first) >= MIN_SUBAGENT_PROMPT and f"[User]: {first}" in text
+
+
+def _transcribed_call(calls: Sequence[Interaction], conv: Conversation) -> Interaction | None:
+    """The most recent stored call whose reply a summarisation request quotes in its text."""
+    text = "\n".join(m.content for m in conv.messages if m.role != "assistant")
+    return next((c for c in reversed(calls) if _quoted(c, text)), None)
+
+
 def find_link(calls: Sequence[Interaction], conv: Conversation,
               signal: LinkSignal | None) -> Link | None:
     """The stored call a new segment continues (compaction or sub-agent), by the module's rules.
@@ -301,15 +341,12 @@ def find_link(calls: Sequence[Interaction], conv: Conversation,
         if found is not None:  # the signal says what; a rule may still name the exact parent
             return Link(signal.reason, found.parent, f"signal:{signal.source}+{found.rule}")
         return Link(signal.reason, calls[-1], f"signal:{signal.source}")
+    rule = summary_request(conv)
+    if rule is not None:  # before rule 2: a later request also holds the previous summary
+        summarised = _summarised_call(calls, conv) or _transcribed_call(calls, conv)
+        if summarised is not None:
+            return Link(BranchReason.COMPACTION, summarised, rule)
     copied = _copied_summary(calls, conv)
     if copied is not None:
         return copied
-    spawned = _spawning_call(calls, conv)
-    if spawned is not None:
-        return spawned
-    rule = summary_request(conv)
-    if rule is not None:
-        summarised = _summarised_call(calls, conv)
-        if summarised is not None:
-            return Link(BranchReason.COMPACTION, summarised, rule)
-    return None
+    return _spawning_call(calls, conv)
