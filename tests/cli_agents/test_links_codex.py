@@ -20,7 +20,7 @@ from relayrl.gateway.config import GatewayConfig
 from relayrl.gateway.server import GatewayThread, build_deps
 from relayrl.trajectory import BranchReason
 from relayrl.types import GenerateRequest
-from tests.cli_agents.conftest import cli_binary, tool_call
+from tests.cli_agents.conftest import assert_summary_trained_once, cli_binary, tool_call
 from tests.gateway.conftest import ADMIN, Gateway
 
 CODEX = cli_binary("codex")
@@ -64,17 +64,7 @@ def test_codex_auto_compaction_links_the_continuation_to_the_summary_call(
     assert cont.branch_reason == BranchReason.COMPACTION and cont.parent_id == writer.id
     assert cont.metadata["link_rule"] == "summary_prefix:codex"
     assert not any(m.role == "assistant" for m in cont.conversation.messages)
-    httpx.post(gw.url + "/rl/v1/finalize", json={"final_reward": 1.0}, timeout=60,
-               headers={"authorization": f"Bearer {s['api_key']}"}).raise_for_status()
-    rows = gw.export(s["session_id"], style="concat")
-    by_call = {r["interaction_ids"][-1]: r for r in rows}
-    summary_row = by_call[writer.id]
-    start, end = summary_row["turn_spans"][-1]
-    assert sum(summary_row["loss_mask"][start:end]) == end - start > 0
-    assert summary_row["turn_rewards"][-1] == 1.0
-    after = by_call[cont.id]
-    assert after["metadata"]["branch_reason"] == "compaction"
-    assert sum(after["loss_mask"]) == len(cont.output_ids)  # the copied summary is prompt
+    assert_summary_trained_once(gw, s, writer, cont)
 
 
 class _SpawnScript:

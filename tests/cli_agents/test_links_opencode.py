@@ -16,7 +16,7 @@ import pytest
 from relayrl.harness.clis import KEY_VAR, LaunchSpec, OpenCode
 from relayrl.harness.runtime import host_env
 from relayrl.trajectory import BranchReason
-from tests.cli_agents.conftest import cli_binary, tool_call
+from tests.cli_agents.conftest import assert_summary_trained_once, cli_binary, tool_call
 from tests.gateway.conftest import Gateway
 
 OPENCODE = cli_binary("opencode")
@@ -108,13 +108,4 @@ def test_opencode_auto_compaction_links_the_summary_call_and_the_continuation(
     assert (cont.branch_reason, cont.parent_id) == (BranchReason.COMPACTION, writer.id)
     assert cont.metadata["link_rule"] == "copied_reply"
     assert any(m.role == "assistant" and m.content == SUMMARY for m in cont.conversation.messages)
-    httpx.post(gw.url + "/rl/v1/finalize", json={"final_reward": 1.0}, timeout=60,
-               headers={"authorization": f"Bearer {s['api_key']}"}).raise_for_status()
-    rows = gw.export(s["session_id"], style="concat")
-    by_call = {r["interaction_ids"][-1]: r for r in rows}
-    summary_row = by_call[writer.id]
-    start, end = summary_row["turn_spans"][-1]
-    assert sum(summary_row["loss_mask"][start:end]) == end - start > 0  # the summary is trained
-    assert summary_row["reward"] == 1.0 and summary_row["metadata"]["branch_reason"] == "compaction"
-    after = by_call[cont.id]
-    assert sum(after["loss_mask"]) == len(cont.output_ids)  # the re-sent summary is prompt
+    assert_summary_trained_once(gw, s, writer, cont)
