@@ -12,9 +12,9 @@ credit flows along the link and the viewer and the ATIF export can show it:
   sub-agent tool call (Claude Code's `Agent`/`Task`, Codex's `spawn_agent`). The spawning call is
   the parent.
 
-Detection, in this order but for rule 4, which is tried first (a later summarisation request
-also holds the earlier summary); the first that applies wins, and the rule's name is recorded on
-the call as `metadata["link_rule"]` and on the segment as `Segment.link_rule`:
+Detection, in the order 1, 4, 2, 3 (a later summarisation request also holds the earlier
+summary, so rule 4 goes before rule 2); the first that applies wins, and the rule's name is
+recorded on the call as `metadata["link_rule"]` and on the segment as `Segment.link_rule`:
 
 1. An explicit signal: the `X-RelayRL-Link` header (`compaction` or `subagent`, optionally
    `; parent=<interaction id>`), the same in the body's `metadata` (`relayrl_link`,
@@ -314,7 +314,7 @@ def _quoted(c: Interaction, text: str) -> bool:
 
 
 def _transcribed_call(calls: Sequence[Interaction], conv: Conversation) -> Interaction | None:
-    """The most recent stored call whose reply a summarisation request quotes in its text."""
+    """The most recent stored call that a summarisation request quotes in its text."""
     text = "\n".join(m.content for m in conv.messages if m.role != "assistant")
     return next((c for c in reversed(calls) if _quoted(c, text)), None)
 
